@@ -1,0 +1,44 @@
+"""hedgepub: publish to Google Cloud Pub/Sub with hedging, to cut the tail latency of slow publishes.
+
+The whole public API is listed here; everything in a module whose name starts with ``_`` is private.
+"""
+
+from hedgepub._exceptions import (
+    FlowControlLimitError,
+    HedgepubError,
+    OrderingKeyPausedError,
+    PublishError,
+    PublishTimeoutError,
+    ResponseMismatchError,
+    RpcError,
+    ShutdownTimeoutError,
+)
+from hedgepub._settings import (
+    BatchSettings,
+    FlowControlSettings,
+    HedgingSettings,
+    LimitExceededBehavior,
+    RetrySettings,
+    check_hedging,
+)
+from hedgepub._status import StatusCode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSettings",
+    "FlowControlLimitError",
+    "FlowControlSettings",
+    "HedgepubError",
+    "HedgingSettings",
+    "LimitExceededBehavior",
+    "OrderingKeyPausedError",
+    "PublishError",
+    "PublishTimeoutError",
+    "ResponseMismatchError",
+    "RetrySettings",
+    "RpcError",
+    "ShutdownTimeoutError",
+    "StatusCode",
+    "check_hedging",
+]
