@@ -1,0 +1,881 @@
+"""Fault injection for the local Pub/Sub server: latency mixes and error rates, per RPC method.
+
+One :class:`FaultInjector` belongs to one server and is that server's only gRPC interceptor, so every
+RPC of the ``google.pubsub.v1`` Publisher and Subscriber services and of ``google.iam.v1.IAMPolicy`` can
+be slowed down or failed, the bidirectional ``StreamingPull`` included. Rules are keyed by method
+(short name such as ``"Publish"``, full path such as ``"/google.pubsub.v1.Publisher/Publish"``, or
+``"*"`` for every method without a rule of its own) and can be changed at any time from any thread
+while the server runs on its own event loop.
+
+What a rule does to a call, in order:
+
+1. draw a delay from the rule's :class:`LatencyMix` and wait for it *before* the service handler runs,
+   so an injected delay on ``Publish`` comes before the commit. A call that its client cancels (or
+   whose deadline passes) during the delay never reaches the handler, and so stores nothing;
+2. draw an error from the rule's error rates; a drawn error answers the call with that status code and
+   a message saying that it was injected, again without running the handler;
+3. otherwise run the real handler.
+
+For ``StreamingPull`` the rule applies once, when the stream opens.
+
+Text syntax (the ``hedgepub serve --fault`` option; :meth:`FaultInjector.parse`)::
+
+    METHOD:latency=MIX                    MIX = P%:DURATION[,P%:DURATION...] or a single DURATION
+    METHOD:error=CODE:P%[,CODE:P%...]     CODE = a status code name, such as UNAVAILABLE
+    METHOD:latency=MIX;error=CODE:P%      both at once
+
+Durations take the units ``us``, ``ms`` or ``s`` (``250us``, ``5ms``, ``1.5s``). Percentages of a
+latency mix may add up to less than 100: the remainder of the calls gets no added delay, so
+``1%:4s`` slows one call in a hundred by four seconds. Error percentages likewise add up to at most
+100; the remainder succeeds. A file (``--faults-file``) holds the same rules as JSON::
+
+    {"Publish": {"latency": "95%:5ms,4%:300ms,1%:4s", "errors": {"UNAVAILABLE": 0.2}}}
+
+where an error rate is a fraction (``0.2``) or a percentage string (``"20%"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import re
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from hedgepub._clock import DEFAULT_CLOCK, Clock
+from hedgepub._status import StatusCode
+
+__all__ = [
+    "METHODS",
+    "WILDCARD",
+    "FaultCounts",
+    "FaultInjector",
+    "FaultRule",
+    "LatencyBucket",
+    "LatencyMix",
+    "MethodFaultCounts",
+    "resolve_method",
+]
+
+_log = logging.getLogger(__name__)
+#: Every request is logged here at debug level (``hedgepub -vv serve``); off, it costs one level check.
+_request_log = logging.getLogger("hedgepub.server.requests")
+
+# The RPC methods of the three services the server speaks, as in their .proto files. A test checks this
+# table against the descriptors shipped with google-cloud-pubsub and grpc-google-iam-v1.
+_SERVICES: Mapping[str, tuple[str, ...]] = {
+    "google.pubsub.v1.Publisher": (
+        "CreateTopic",
+        "UpdateTopic",
+        "Publish",
+        "GetTopic",
+        "ListTopics",
+        "ListTopicSubscriptions",
+        "ListTopicSnapshots",
+        "DeleteTopic",
+        "DetachSubscription",
+    ),
+    "google.pubsub.v1.Subscriber": (
+        "CreateSubscription",
+        "GetSubscription",
+        "UpdateSubscription",
+        "ListSubscriptions",
+        "DeleteSubscription",
+        "ModifyAckDeadline",
+        "Acknowledge",
+        "Pull",
+        "StreamingPull",
+        "ModifyPushConfig",
+        "GetSnapshot",
+        "ListSnapshots",
+        "CreateSnapshot",
+        "UpdateSnapshot",
+        "DeleteSnapshot",
+        "Seek",
+    ),
+    "google.iam.v1.IAMPolicy": ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions"),
+}
+
+#: Short method name -> full gRPC path, for every method a rule can target.
+METHODS: Mapping[str, str] = MappingProxyType(
+    {method: f"/{service}/{method}" for service, methods in _SERVICES.items() for method in methods}
+)
+_SHORT_NAMES: Mapping[str, str] = {path: short for short, path in METHODS.items()}
+# Only StreamingPull streams (in both directions); every other method is unary-unary.
+_STREAMING = frozenset({"StreamingPull"})
+
+#: The method name of a rule that applies to every method that has no rule of its own.
+WILDCARD = "*"
+
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_DURATION_RE = re.compile(rf"^{_NUMBER}\s*(us|µs|ms|s)$")
+_PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
+_UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+# Sums of percentages such as 33.3% * 3 must not fail on float rounding.
+_TOLERANCE = 1e-9
+
+
+def resolve_method(name: str) -> str:
+    """Return the full gRPC path of a method given by short name or full path (``"*"`` stays ``"*"``).
+
+    Raises ``ValueError`` listing the valid names when ``name`` is none of them.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"method must be a str; got {type(name).__name__} {name!r}")
+    stripped = name.strip()
+    if stripped == WILDCARD:
+        return WILDCARD
+    if stripped in METHODS:
+        return METHODS[stripped]
+    if stripped in _SHORT_NAMES:
+        return stripped
+    raise ValueError(
+        f"unknown RPC method {name!r}; valid methods are {WILDCARD!r} (all), "
+        + ", ".join(METHODS)
+        + " (or their full paths, such as '/google.pubsub.v1.Publisher/Publish')"
+    )
+
+
+def _short_name(path: str) -> str:
+    return _SHORT_NAMES.get(path, path)
+
+
+def _parse_duration(text: str) -> float:
+    match = _DURATION_RE.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"bad duration {text.strip()!r}: expected a number followed by us, ms or s, "
+            "such as '5ms' or '1.5s'"
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _parse_percent(text: str) -> float:
+    match = _PERCENT_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"bad percentage {text.strip()!r}: expected a number followed by %, such as '20%'")
+    return float(match.group(1)) / 100.0
+
+
+def _format_duration(seconds: float) -> str:
+    if seconds == 0:
+        return "0ms"
+    if seconds >= 1:
+        return f"{seconds:.6g}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.6g}ms"
+    return f"{seconds * 1e6:.6g}us"
+
+
+def _format_percent(probability: float) -> str:
+    return f"{probability * 100:.6g}%"
+
+
+def _probability(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{name} must be a probability as an int or float; got {type(value).__name__} {value!r}"
+        )
+    probability = float(value)
+    if math.isnan(probability) or not 0.0 < probability <= 1.0:
+        raise ValueError(f"{name} must be a probability in (0, 1]; got {value!r}")
+    return probability
+
+
+@dataclass(frozen=True)
+class LatencyBucket:
+    """One weighted delay of a :class:`LatencyMix`: ``probability`` of the calls wait ``delay`` seconds."""
+
+    probability: float
+    delay: float
+
+    def __str__(self) -> str:
+        return f"{_format_percent(self.probability)}:{_format_duration(self.delay)}"
+
+
+class LatencyMix:
+    """Weighted delays: each call waits the delay of one bucket, drawn by the buckets' probabilities.
+
+    Build one from ``(probability, delay_seconds)`` pairs, ``LatencyMix([(0.95, 0.005), (0.05, 0.3)])``,
+    or from text, ``LatencyMix.parse("95%:5ms,4%:300ms,1%:4s")``. Probabilities add up to at most 1;
+    the remainder of the calls gets no delay. Immutable, comparable and hashable.
+    """
+
+    __slots__ = ("_buckets", "_cumulative")
+
+    def __init__(self, buckets: Iterable[tuple[float, float] | LatencyBucket]) -> None:
+        checked: list[LatencyBucket] = []
+        for index, bucket in enumerate(buckets):
+            if isinstance(bucket, LatencyBucket):
+                probability, delay = bucket.probability, bucket.delay
+            else:
+                try:
+                    probability, delay = bucket
+                except (TypeError, ValueError):
+                    raise TypeError(
+                        f"latency bucket {index} must be a (probability, delay_seconds) pair; got {bucket!r}"
+                    ) from None
+            probability = _probability(f"latency bucket {index} probability", probability)
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+                raise TypeError(
+                    f"latency bucket {index} delay must be seconds as an int or float; "
+                    f"got {type(delay).__name__} {delay!r}"
+                )
+            if math.isnan(delay) or math.isinf(delay) or delay < 0:
+                raise ValueError(f"latency bucket {index} delay must be finite seconds >= 0; got {delay!r}")
+            checked.append(LatencyBucket(probability, float(delay)))
+        if not checked:
+            raise ValueError("a latency mix needs at least one bucket, such as '100%:5ms'")
+        total = math.fsum(bucket.probability for bucket in checked)
+        if total > 1.0 + _TOLERANCE:
+            raise ValueError(
+                f"latency mix probabilities add up to {_format_percent(total)}, more than 100%: "
+                + ",".join(str(bucket) for bucket in checked)
+            )
+        self._buckets = tuple(checked)
+        cumulative: list[float] = []
+        running = 0.0
+        for bucket in checked:
+            running += bucket.probability
+            cumulative.append(running)
+        self._cumulative = tuple(cumulative)
+
+    @classmethod
+    def parse(cls, spec: str) -> LatencyMix:
+        """Parse ``"95%:5ms,4%:300ms,1%:4s"``; a lone duration (``"50ms"``) means 100% of the calls."""
+        if not isinstance(spec, str):
+            raise TypeError(f"a latency mix spec must be a str; got {type(spec).__name__} {spec!r}")
+        if not spec.strip():
+            raise ValueError("empty latency mix: expected buckets such as '95%:5ms,5%:300ms'")
+        parts = [part.strip() for part in spec.split(",")]
+        if len(parts) == 1 and ":" not in parts[0] and "%" not in parts[0]:
+            return cls([(1.0, _parse_duration(parts[0]))])
+        buckets: list[tuple[float, float]] = []
+        for part in parts:
+            percent, separator, duration = part.partition(":")
+            if not separator:
+                raise ValueError(
+                    f"bad latency bucket {part!r} in {spec!r}: expected PERCENT:DURATION, such as '95%:5ms'"
+                )
+            try:
+                buckets.append((_parse_percent(percent), _parse_duration(duration)))
+            except ValueError as error:
+                raise ValueError(f"bad latency bucket {part!r} in {spec!r}: {error}") from None
+        try:
+            return cls(buckets)
+        except ValueError as error:
+            raise ValueError(f"bad latency mix {spec!r}: {error}") from None
+
+    @classmethod
+    def constant(cls, delay: float) -> LatencyMix:
+        """Every call waits ``delay`` seconds."""
+        return cls([(1.0, delay)])
+
+    @property
+    def buckets(self) -> tuple[LatencyBucket, ...]:
+        """The buckets as given (without the no-delay remainder)."""
+        return self._buckets
+
+    @property
+    def no_delay_probability(self) -> float:
+        """The share of calls that get no added delay (the remainder below 100%)."""
+        return max(0.0, 1.0 - self._cumulative[-1])
+
+    def sample(self, rng: random.Random) -> float:
+        """Draw one delay in seconds (``0.0`` for the no-delay remainder)."""
+        draw = rng.random()
+        for bucket, upper in zip(self._buckets, self._cumulative, strict=True):
+            if draw < upper:
+                return bucket.delay
+        return 0.0
+
+    def __str__(self) -> str:
+        if len(self._buckets) == 1 and self._buckets[0].probability == 1.0:
+            return _format_duration(self._buckets[0].delay)
+        return ",".join(str(bucket) for bucket in self._buckets)
+
+    def __repr__(self) -> str:
+        return f"LatencyMix.parse({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LatencyMix):
+            return NotImplemented
+        return self._buckets == other._buckets
+
+    def __hash__(self) -> int:
+        return hash(self._buckets)
+
+
+def _status_code(value: object) -> StatusCode:
+    """A StatusCode from a StatusCode, grpc.StatusCode, int or (case-insensitive) name."""
+    if isinstance(value, StatusCode):
+        code = value
+    elif isinstance(value, grpc.StatusCode):
+        code = StatusCode(value.value[0])
+    elif isinstance(value, str):
+        try:
+            code = StatusCode[value.strip().upper()]
+        except KeyError:
+            names = ", ".join(code.name for code in StatusCode if code is not StatusCode.OK)
+            raise ValueError(f"unknown status code {value!r}; valid codes are {names}") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            code = StatusCode(value)
+        except ValueError:
+            raise ValueError(f"unknown status code number {value!r}; valid numbers are 1..16") from None
+    else:
+        raise TypeError(
+            f"a status code must be a StatusCode, name or number; got {type(value).__name__} {value!r}"
+        )
+    if code is StatusCode.OK:
+        raise ValueError("OK is not an error and cannot be injected; use a code such as UNAVAILABLE")
+    return code
+
+
+class FaultRule:
+    """What to do to the calls of one method: a latency mix and error rates by status code.
+
+    ``FaultRule(latency="95%:5ms,5%:300ms", errors={StatusCode.UNAVAILABLE: 0.2})``. The latency is a
+    :class:`LatencyMix` or its text; error rates are probabilities in (0, 1] adding up to at most 1,
+    keyed by :class:`~hedgepub.StatusCode` (or ``grpc.StatusCode``, or a code's name). Immutable,
+    comparable and hashable; ``FaultRule.parse`` reads the ``--fault`` text form.
+    """
+
+    __slots__ = ("_errors", "_latency")
+
+    def __init__(
+        self,
+        latency: LatencyMix | str | None = None,
+        errors: Mapping[Any, float] | None = None,
+    ) -> None:
+        if isinstance(latency, str):
+            latency = LatencyMix.parse(latency)
+        elif latency is not None and not isinstance(latency, LatencyMix):
+            raise TypeError(
+                f"latency must be a LatencyMix, its text or None; got {type(latency).__name__} {latency!r}"
+            )
+        if errors is None:
+            errors = {}
+        if not isinstance(errors, Mapping):
+            raise TypeError(f"errors must be a mapping of status code to probability; got {errors!r}")
+        rates: dict[StatusCode, float] = {}
+        for key, rate in errors.items():
+            code = _status_code(key)
+            rates[code] = _probability(f"error rate of {code.name}", rate)
+        total = math.fsum(rates.values())
+        if total > 1.0 + _TOLERANCE:
+            raise ValueError(f"error rates add up to {_format_percent(total)}, more than 100%")
+        self._latency: LatencyMix | None = latency
+        self._errors: Mapping[StatusCode, float] = MappingProxyType(dict(sorted(rates.items())))
+
+    @property
+    def latency(self) -> LatencyMix | None:
+        """The latency mix, or ``None`` for no added delay."""
+        return self._latency
+
+    @property
+    def errors(self) -> Mapping[StatusCode, float]:
+        """Error probability by status code (read-only)."""
+        return self._errors
+
+    @property
+    def error_probability(self) -> float:
+        """The probability that a call gets an injected error."""
+        return math.fsum(self._errors.values())
+
+    @classmethod
+    def parse(cls, spec: str) -> FaultRule:
+        """Parse a ``--fault`` spec's rule (after ``METHOD:``), such as ``latency=5ms;error=INTERNAL:1%``."""
+        if not isinstance(spec, str):
+            raise TypeError(f"a fault rule spec must be a str; got {type(spec).__name__} {spec!r}")
+        latency: LatencyMix | None = None
+        errors: dict[StatusCode, float] = {}
+        clauses = [clause.strip() for clause in spec.split(";") if clause.strip()]
+        if not clauses:
+            raise ValueError("empty fault rule: expected 'latency=MIX' and/or 'error=CODE:P%'")
+        for clause in clauses:
+            key, separator, value = clause.partition("=")
+            key = key.strip().lower()
+            if not separator or not value.strip():
+                raise ValueError(f"bad fault clause {clause!r}: expected 'latency=MIX' or 'error=CODE:P%'")
+            if key == "latency":
+                if latency is not None:
+                    raise ValueError(f"latency given twice in {spec!r}")
+                latency = LatencyMix.parse(value)
+            elif key in ("error", "errors"):
+                for item in value.split(","):
+                    name, colon, percent = item.strip().partition(":")
+                    if not colon:
+                        raise ValueError(
+                            f"bad error rate {item.strip()!r}: expected CODE:PERCENT, "
+                            "such as 'UNAVAILABLE:20%'"
+                        )
+                    code = _status_code(name)
+                    if code in errors:
+                        raise ValueError(f"error rate of {code.name} given twice in {spec!r}")
+                    errors[code] = _parse_percent(percent)
+            else:
+                raise ValueError(f"unknown fault kind {key!r} in {clause!r}: expected 'latency' or 'error'")
+        return cls(latency=latency, errors=errors)
+
+    @classmethod
+    def from_json(cls, value: object) -> FaultRule:
+        """Build a rule from its JSON form: ``{"latency": "95%:5ms,...", "errors": {"UNAVAILABLE": 0.2}}``."""
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"a fault rule must be a JSON object with 'latency' and/or 'errors'; got {value!r}"
+            )
+        unknown = set(value) - {"latency", "errors"}
+        if unknown:
+            raise ValueError(f"unknown fault rule keys {sorted(unknown)}: expected 'latency' and/or 'errors'")
+        latency = value.get("latency")
+        if latency is not None and not isinstance(latency, str):
+            raise ValueError(f"'latency' must be a string such as '95%:5ms,5%:300ms'; got {latency!r}")
+        raw_errors = value.get("errors") or {}
+        if not isinstance(raw_errors, Mapping):
+            raise ValueError(f"'errors' must be an object of code name to rate; got {raw_errors!r}")
+        errors = {
+            name: _parse_percent(rate) if isinstance(rate, str) else rate for name, rate in raw_errors.items()
+        }
+        return cls(latency=latency, errors=errors)
+
+    def merged(self, other: FaultRule) -> FaultRule:
+        """This rule updated by ``other``: its latency (if set) replaces ours, its error rates are added."""
+        return FaultRule(
+            latency=other.latency if other.latency is not None else self.latency,
+            errors={**self._errors, **other.errors},
+        )
+
+    def _draw_error(self, rng: random.Random) -> StatusCode | None:
+        if not self._errors:
+            return None
+        draw = rng.random()
+        upper = 0.0
+        for code, rate in self._errors.items():
+            upper += rate
+            if draw < upper:
+                return code
+        return None
+
+    def __str__(self) -> str:
+        clauses = []
+        if self._latency is not None:
+            clauses.append(f"latency={self._latency}")
+        if self._errors:
+            clauses.append(
+                "error="
+                + ",".join(f"{code.name}:{_format_percent(rate)}" for code, rate in self._errors.items())
+            )
+        return ";".join(clauses)
+
+    def __repr__(self) -> str:
+        return f"FaultRule.parse({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FaultRule):
+            return NotImplemented
+        return self._latency == other._latency and dict(self._errors) == dict(other._errors)
+
+    def __hash__(self) -> int:
+        return hash((self._latency, tuple(self._errors.items())))
+
+
+@dataclass(frozen=True)
+class MethodFaultCounts:
+    """What the injector did to one method's calls (a snapshot)."""
+
+    #: Calls that met a rule (calls of methods without a rule are not counted).
+    calls: int = 0
+    #: Injected delays by their length in seconds (draws of the no-delay remainder are not counted).
+    delays: Mapping[float, int] = field(default_factory=dict)
+    #: Injected errors by status code.
+    errors: Mapping[StatusCode, int] = field(default_factory=dict)
+    #: Calls cancelled by their client (or past their deadline) during an injected delay.
+    cancelled_during_delay: int = 0
+
+    @property
+    def delayed(self) -> int:
+        """Calls that got an injected delay."""
+        return sum(self.delays.values())
+
+    @property
+    def failed(self) -> int:
+        """Calls answered with an injected error."""
+        return sum(self.errors.values())
+
+
+class FaultCounts(Mapping[str, MethodFaultCounts]):
+    """Snapshot of injected events, by short method name.
+
+    Indexing accepts a short name or a full path, and gives zero counts for a valid method that saw no
+    rule; iteration lists only the methods that did.
+    """
+
+    def __init__(self, by_method: Mapping[str, MethodFaultCounts]) -> None:
+        self._by_method = dict(by_method)
+
+    def __getitem__(self, method: str) -> MethodFaultCounts:
+        path = resolve_method(method)
+        if path == WILDCARD:
+            raise KeyError("counts are kept per method; '*' is not a method")
+        return self._by_method.get(_short_name(path), MethodFaultCounts())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_method)
+
+    def __len__(self) -> int:
+        return len(self._by_method)
+
+    @property
+    def calls(self) -> int:
+        """Calls that met a rule, over all methods."""
+        return sum(counts.calls for counts in self._by_method.values())
+
+    @property
+    def delayed(self) -> int:
+        """Injected delays over all methods."""
+        return sum(counts.delayed for counts in self._by_method.values())
+
+    @property
+    def failed(self) -> int:
+        """Injected errors over all methods."""
+        return sum(counts.failed for counts in self._by_method.values())
+
+    def __repr__(self) -> str:
+        return f"FaultCounts({self._by_method!r})"
+
+
+class _MutableCounts:
+    __slots__ = ("calls", "cancelled_during_delay", "delays", "errors")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.delays: dict[float, int] = {}
+        self.errors: dict[StatusCode, int] = {}
+        self.cancelled_during_delay = 0
+
+    def freeze(self) -> MethodFaultCounts:
+        return MethodFaultCounts(
+            calls=self.calls,
+            delays=MappingProxyType(dict(sorted(self.delays.items()))),
+            errors=MappingProxyType(dict(sorted(self.errors.items()))),
+            cancelled_during_delay=self.cancelled_during_delay,
+        )
+
+
+# The gRPC handler constructors by (request_streaming, response_streaming).
+_HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+
+class FaultInjector(grpc.aio.ServerInterceptor):
+    """A server's fault rules, applied to its calls as its one gRPC interceptor.
+
+    ``FaultInjector({"Publish": FaultRule(latency="95%:5ms,5%:300ms")}, seed=7)``; pass it to
+    ``grpc.aio.server(interceptors=[injector])`` (``LocalServer`` does, and exposes it as
+    ``server.faults``). :meth:`set` and :meth:`clear` may be called from any thread while the server
+    runs; a call uses the rule in force when it arrived. ``seed`` makes the draws repeatable (for the
+    same order of calls). :attr:`counts` is a snapshot of every injected event.
+    """
+
+    def __init__(
+        self,
+        rules: Mapping[str, FaultRule | str] | None = None,
+        seed: int | None = None,
+        *,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self._clock = clock
+        # Replaced, never mutated, so the interceptor reads it without taking the lock.
+        self._rules: Mapping[str, FaultRule] = {}
+        self._counts: dict[str, _MutableCounts] = {}
+        for method, rule in (rules or {}).items():
+            self.set(method, rule)
+
+    # -- configuration -------------------------------------------------------------------------------
+
+    def set(self, method: str, rule: FaultRule | str | None) -> None:
+        """Apply ``rule`` to ``method`` (short name, full path or ``"*"``); ``None`` removes its rule.
+
+        A string is parsed as the rule part of a ``--fault`` spec (``"latency=5ms;error=INTERNAL:1%"``).
+        """
+        path = resolve_method(method)
+        if isinstance(rule, str):
+            rule = FaultRule.parse(rule)
+        elif rule is not None and not isinstance(rule, FaultRule):
+            raise TypeError(f"rule must be a FaultRule, its text or None; got {type(rule).__name__} {rule!r}")
+        with self._lock:
+            rules = dict(self._rules)
+            if rule is None:
+                rules.pop(path, None)
+            else:
+                rules[path] = rule
+            self._rules = rules
+        _log.info("fault rule for %s: %s", _short_name(path), rule if rule is not None else "none")
+
+    def get(self, method: str) -> FaultRule | None:
+        """The rule set for ``method`` itself (not the ``"*"`` rule it may fall back to), or ``None``."""
+        return self._rules.get(resolve_method(method))
+
+    def clear(self) -> None:
+        """Remove every rule (the counts are kept; see :meth:`reset_counts`)."""
+        with self._lock:
+            self._rules = {}
+        _log.info("fault rules cleared")
+
+    def reset_counts(self) -> None:
+        """Forget every counted event."""
+        with self._lock:
+            self._counts = {}
+
+    def seed(self, seed: int | None) -> None:
+        """Restart the random draws from ``seed``."""
+        with self._lock:
+            self._rng = random.Random(seed)
+
+    @property
+    def rules(self) -> Mapping[str, FaultRule]:
+        """The rules in force, by short method name (``"*"`` for the catch-all)."""
+        return MappingProxyType({_short_name(path): rule for path, rule in self._rules.items()})
+
+    @property
+    def counts(self) -> FaultCounts:
+        """A snapshot of every injected event, by method."""
+        with self._lock:
+            return FaultCounts({name: counts.freeze() for name, counts in self._counts.items()})
+
+    @classmethod
+    def parse(
+        cls,
+        specs: Iterable[str] = (),
+        *,
+        faults_file: str | os.PathLike[str] | None = None,
+        seed: int | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> FaultInjector:
+        """Build an injector from ``--fault`` specs (``"Publish:latency=5ms"``) and/or a JSON file.
+
+        The file's rules come first; a spec for the same method then adds to them (its latency replaces
+        the file's, its error rates are added). Raises ``ValueError`` naming the bad spec.
+        """
+        rules: dict[str, FaultRule] = {}
+        if faults_file is not None:
+            rules.update(_read_faults_file(faults_file))
+        if isinstance(specs, str):
+            specs = [specs]
+        for spec in specs:
+            method, rule = _parse_fault_spec(spec)
+            rules[method] = rules[method].merged(rule) if method in rules else rule
+        return cls(rules, seed=seed, clock=clock)
+
+    def __repr__(self) -> str:
+        rules = ", ".join(f"{name}: {rule}" for name, rule in self.rules.items())
+        return f"<FaultInjector {{{rules}}}>"
+
+    # -- the interceptor -----------------------------------------------------------------------------
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        """Wrap the handler of a call that meets a rule; return it unchanged otherwise."""
+        handler = await continuation(handler_call_details)
+        path = handler_call_details.method
+        rules = self._rules
+        rule = rules.get(path) if rules else None
+        if rule is None and rules and path in _SHORT_NAMES:
+            rule = rules.get(WILDCARD)
+        log_requests = _request_log.isEnabledFor(logging.DEBUG)
+        if rule is None and not log_requests:
+            return handler
+        if handler is None:
+            if rule is None or path not in _SHORT_NAMES:
+                return handler
+            # The server does not implement this method; the fault still applies, then UNIMPLEMENTED.
+            handler = _unimplemented_handler(_short_name(path))
+        return self._wrap(handler, _short_name(path), rule, log_requests)
+
+    def _wrap(
+        self, handler: grpc.RpcMethodHandler, name: str, rule: FaultRule | None, log_requests: bool
+    ) -> grpc.RpcMethodHandler:
+        behavior = _behavior_of(handler)
+        inject = self._inject
+
+        async def before(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+            if rule is not None:
+                await inject(name, rule, context)
+
+        if handler.response_streaming:
+            if inspect.iscoroutinefunction(behavior):
+                # The handler writes with context.write() and returns nothing.
+                async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> None:
+                    started = self._clock.now()
+                    try:
+                        await before(request, context)
+                        await behavior(request, context)
+                    finally:
+                        if log_requests:
+                            _log_request(name, context, self._clock.now() - started)
+
+            else:
+
+                async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[misc]
+                    started = self._clock.now()
+                    try:
+                        await before(request, context)
+                        async for response in _as_async_iterator(behavior(request, context)):
+                            yield response
+                    finally:
+                        if log_requests:
+                            _log_request(name, context, self._clock.now() - started)
+
+        else:
+
+            async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[misc]
+                started = self._clock.now()
+                try:
+                    await before(request, context)
+                    result = behavior(request, context)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    return result
+                finally:
+                    if log_requests:
+                        _log_request(name, context, self._clock.now() - started)
+
+        factory = _HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
+        return factory(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    async def _inject(self, name: str, rule: FaultRule, context: grpc.aio.ServicerContext) -> None:
+        with self._lock:
+            counts = self._counts.get(name)
+            if counts is None:
+                counts = self._counts[name] = _MutableCounts()
+            counts.calls += 1
+            delay = rule.latency.sample(self._rng) if rule.latency is not None else 0.0
+            if delay > 0:
+                counts.delays[delay] = counts.delays.get(delay, 0) + 1
+        if delay > 0:
+            try:
+                await self._clock.sleep(delay)
+            except asyncio.CancelledError:
+                # The client cancelled (or its deadline passed): the handler never runs.
+                self._count_cancelled(name)
+                raise
+            remaining = context.time_remaining()
+            if context.cancelled() or (remaining is not None and remaining <= 0):
+                # The cancellation may not have reached this task yet; still, nobody waits for an answer.
+                self._count_cancelled(name)
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"deadline passed during a delay injected on {name} by hedgepub fault injection",
+                )
+        if rule.errors:
+            with self._lock:
+                code = rule._draw_error(self._rng)
+                if code is not None:
+                    counts.errors[code] = counts.errors.get(code, 0) + 1
+            if code is not None:
+                await context.abort(
+                    grpc.StatusCode[code.name],
+                    f"{code.name} injected on {name} by hedgepub fault injection",
+                )
+
+    def _count_cancelled(self, name: str) -> None:
+        with self._lock:
+            counts = self._counts.get(name)
+            if counts is not None:
+                counts.cancelled_during_delay += 1
+
+
+async def _as_async_iterator(responses: Any) -> AsyncIterator[Any]:
+    if inspect.isawaitable(responses):
+        responses = await responses
+    if responses is None:
+        return
+    if hasattr(responses, "__aiter__"):
+        async for response in responses:
+            yield response
+    else:
+        for response in responses:
+            yield response
+
+
+def _unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
+    async def unimplemented(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
+
+    if name in _STREAMING:
+
+        async def unimplemented_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
+
+        return grpc.stream_stream_rpc_method_handler(unimplemented_stream)
+    return grpc.unary_unary_rpc_method_handler(unimplemented)
+
+
+def _log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
+    code = context.code()
+    status = "OK" if code is None else getattr(code, "name", str(code))
+    _request_log.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, context.peer())
+
+
+def _parse_fault_spec(spec: str) -> tuple[str, FaultRule]:
+    """``"Publish:latency=5ms;error=UNAVAILABLE:20%"`` -> (full path, rule)."""
+    if not isinstance(spec, str):
+        raise TypeError(f"a fault spec must be a str; got {type(spec).__name__} {spec!r}")
+    method, separator, rule_text = spec.partition(":")
+    if not separator or not rule_text.strip():
+        raise ValueError(
+            f"bad fault spec {spec!r}: expected METHOD:latency=MIX and/or METHOD:error=CODE:P%, "
+            "such as 'Publish:latency=95%:5ms,5%:300ms' or 'Publish:error=UNAVAILABLE:20%'"
+        )
+    try:
+        return resolve_method(method), FaultRule.parse(rule_text)
+    except ValueError as error:
+        raise ValueError(f"bad fault spec {spec!r}: {error}") from None
+
+
+def _read_faults_file(path: str | os.PathLike[str]) -> dict[str, FaultRule]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            document = json.load(file)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"faults file {os.fspath(path)!r} is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"faults file {os.fspath(path)!r} must hold a JSON object of method -> rule")
+    rules: dict[str, FaultRule] = {}
+    for method, value in document.items():
+        try:
+            rules[resolve_method(method)] = FaultRule.from_json(value)
+        except ValueError as error:
+            raise ValueError(f"faults file {os.fspath(path)!r}, method {method!r}: {error}") from None
+    return rules
