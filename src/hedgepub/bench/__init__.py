@@ -1,0 +1,47 @@
+"""The tail-latency experiment behind ``hedgepub bench``, and its report, plot and JSON output.
+
+::
+
+    config = BenchConfig(messages=500, rate=100)
+    run = asyncio.run(run_bench(config))
+    print_report(run.document)
+    plot_latency_cdf(run.latencies_ms, "tail-latency.png")
+    write_results_json(run.document, "results.json")
+"""
+
+from hedgepub.bench._admin_rpc import AdminClient, default_project, resource_path
+from hedgepub.bench._experiment import DEFAULT_MIX, BenchConfig, BenchProgress, BenchRun, run_bench
+from hedgepub.bench._plot import plot_latency_cdf
+from hedgepub.bench._report import (
+    RESULT_KEYS,
+    LatencyRecorder,
+    PublisherResult,
+    build_table,
+    print_report,
+    render_markdown,
+    results_document,
+    write_results_json,
+)
+from hedgepub.bench._schedule import arrival_times, pair_orders
+
+__all__ = [
+    "DEFAULT_MIX",
+    "RESULT_KEYS",
+    "AdminClient",
+    "BenchConfig",
+    "BenchProgress",
+    "BenchRun",
+    "LatencyRecorder",
+    "PublisherResult",
+    "arrival_times",
+    "build_table",
+    "default_project",
+    "pair_orders",
+    "plot_latency_cdf",
+    "print_report",
+    "render_markdown",
+    "resource_path",
+    "results_document",
+    "run_bench",
+    "write_results_json",
+]

@@ -1,0 +1,332 @@
+"""The tail-latency experiment: the same open-loop workload through an unhedged and a hedged publisher.
+
+One local server runs in-process with a latency mix injected on ``Publish``. Both publishers publish one
+message per batch at the same moments of one arrival schedule (their order shuffled at each moment), so
+machine noise, garbage collection and the server's load hit both alike, and the comparison is made
+within one run rather than across two. Each publisher has its own topic, so the duplicates that hedging
+may cause are counted per publisher.
+
+Before measuring, a warm-up with no injected latency connects both channels and fills the hedged
+publisher's token bucket (it starts empty, as the spec says); the counters are read before and after
+the measured period and only the difference is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import math
+import os
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import hedgepub
+from hedgepub import BatchSettings, HedgingSettings, RetrySettings
+from hedgepub.bench._admin_rpc import AdminClient
+from hedgepub.bench._report import PUBLISHERS, LatencyRecorder, PublisherResult, results_document
+from hedgepub.bench._schedule import Arrivals, arrival_times, pair_orders
+
+if TYPE_CHECKING:
+    from hedgepub import AsyncPublisherClient
+    from hedgepub.server import LatencyMix
+
+#: The latency mix Google's Go client uses to test hedging: mostly fast, a slow tier and a very slow tail.
+DEFAULT_MIX = "95%:5ms,4%:300ms,1%:4s"
+#: Most warm-up publishes per publisher, whatever the bucket needs (a tiny refill ratio would need 250,000).
+MAX_WARMUP = 5_000
+#: How many warm-up publishes each publisher has in flight at once.
+WARMUP_CONCURRENCY = 32
+_PROJECT = "hedgepub-bench"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What the bench runs. The defaults take about a minute and show the effect clearly.
+
+    Attributes:
+        messages: measured publishes per publisher.
+        rate: publishes per second per publisher (both publish at every arrival).
+        mix: latency mix injected on Publish, in the fault injector's syntax.
+        hedge_delay: seconds before a hedge is sent (0.1 to 10); well under the slow tiers of the mix.
+        max_tokens: the hedged publisher's token bucket size.
+        refill_ratio: tokens added per successful batch.
+        seed: seeds the arrival schedule and the injected latencies, so a run can be repeated.
+        warmup: warm-up publishes per publisher; ``None`` warms up until the token bucket is full.
+        arrivals: ``poisson`` (exponential gaps) or ``fixed`` (equal gaps).
+    """
+
+    messages: int = 2_000
+    rate: float = 40.0
+    mix: str = DEFAULT_MIX
+    hedge_delay: float = 0.1
+    max_tokens: int = 50
+    refill_ratio: float = 0.1
+    seed: int = 1
+    warmup: int | None = None
+    arrivals: Arrivals = "poisson"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.messages, bool) or not isinstance(self.messages, int) or self.messages < 1:
+            raise ValueError(f"messages must be a whole number >= 1; got {self.messages!r}")
+        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"rate must be a finite number of publishes per second > 0; got {self.rate!r}")
+        if self.warmup is not None and not 0 <= self.warmup <= MAX_WARMUP:
+            raise ValueError(f"warmup must be in [0, {MAX_WARMUP}]; got {self.warmup!r}")
+        if self.arrivals not in ("poisson", "fixed"):
+            raise ValueError(f"arrivals must be 'poisson' or 'fixed'; got {self.arrivals!r}")
+        self.hedging_settings()  # validates hedge_delay, max_tokens and refill_ratio with their messages
+
+    def hedging_settings(self) -> HedgingSettings:
+        """The hedged publisher's settings."""
+        return HedgingSettings(
+            hedge_delay=self.hedge_delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
+        )
+
+    def warmup_target(self) -> int:
+        """Warm-up publishes per publisher: as given, or enough successes to fill the token bucket."""
+        if self.warmup is not None:
+            return self.warmup
+        # the bucket starts empty and gains refill_ratio per success; thousandths avoid float rounding
+        needed = -(-self.max_tokens * 1000 // max(1, round(self.refill_ratio * 1000)))
+        return min(MAX_WARMUP, needed)
+
+    def expected_seconds(self) -> float:
+        """Rough length of the measured period, in seconds."""
+        return self.messages / self.rate
+
+
+class BenchProgress(Protocol):
+    """Where the experiment reports how far it is (the CLI shows a progress bar)."""
+
+    def phase(self, description: str, total: int | None) -> None:
+        """A new phase starts with ``total`` steps (``None``: unknown)."""
+
+    def advance(self, steps: int = 1) -> None:
+        """``steps`` more steps of the current phase are done."""
+
+
+class _NoProgress:
+    def phase(self, description: str, total: int | None) -> None:
+        pass
+
+    def advance(self, steps: int = 1) -> None:
+        pass
+
+
+@dataclass
+class BenchRun:
+    """The outcome of :func:`run_bench`: the ``results.json`` document and the raw latencies."""
+
+    document: dict[str, Any]
+    latencies_ms: dict[str, list[float]]
+    results: dict[str, PublisherResult]
+    #: how late the schedule's publishes started, worst case, in ms (a busy machine shows here)
+    max_schedule_lag_ms: float = 0.0
+    #: payloads published but not found on the server (should be 0)
+    missing: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Counters:
+    attempts_sent: int
+    hedges_sent: int
+    hedges_won: int
+
+    @classmethod
+    def of(cls, client: AsyncPublisherClient) -> _Counters:
+        stats = client.stats()
+        return cls(stats.attempts_sent, stats.hedges_sent, stats.hedges_won)
+
+    def __sub__(self, other: _Counters) -> _Counters:
+        return _Counters(
+            self.attempts_sent - other.attempts_sent,
+            self.hedges_sent - other.hedges_sent,
+            self.hedges_won - other.hedges_won,
+        )
+
+
+def _payload(name: str, index: int) -> bytes:
+    return f"{name}-{index:09d}".encode()
+
+
+async def _warm_up(
+    clients: Mapping[str, AsyncPublisherClient],
+    topics: Mapping[str, str],
+    config: BenchConfig,
+    progress: BenchProgress,
+) -> int:
+    """Publish with no injected latency until the hedged bucket is full; returns publishes per client."""
+    target = config.warmup_target()
+    hedged = clients["hedged"]
+    progress.phase("warm-up (fills the token bucket)", target)
+    done = 0
+    while done < target:
+        if config.warmup is None and hedged.stats().tokens_available >= config.max_tokens:
+            break
+        size = min(WARMUP_CONCURRENCY, target - done)
+        publishes = [
+            clients[name].publish(topics[name], _payload(f"warmup-{name}", done + offset))
+            for offset in range(size)
+            for name in PUBLISHERS
+        ]
+        await asyncio.gather(*publishes)
+        done += size
+        progress.advance(size)
+    return done
+
+
+async def _measure(
+    clients: Mapping[str, AsyncPublisherClient],
+    topics: Mapping[str, str],
+    config: BenchConfig,
+    progress: BenchProgress,
+) -> tuple[dict[str, LatencyRecorder], dict[str, int], float]:
+    """Publish on the open-loop schedule; returns latencies, failure counts and the worst schedule lag."""
+    loop = asyncio.get_running_loop()
+    times = arrival_times(config.messages, config.rate, seed=config.seed, arrivals=config.arrivals)
+    orders = pair_orders(config.messages, PUBLISHERS, seed=config.seed)
+    recorders = {name: LatencyRecorder() for name in PUBLISHERS}
+    failures = dict.fromkeys(PUBLISHERS, 0)
+    progress.phase("publishing, unhedged and hedged side by side", config.messages * len(PUBLISHERS))
+
+    async def publish_one(name: str, index: int) -> None:
+        started = loop.time()
+        try:
+            await clients[name].publish(topics[name], _payload(name, index))
+        except Exception:  # a failed publish is a result to count, not a reason to stop the run
+            failures[name] += 1
+        else:
+            recorders[name].record(loop.time() - started)
+        progress.advance()
+
+    tasks: list[asyncio.Task[None]] = []
+    worst_lag = 0.0
+    start = loop.time()
+    for index, (offset, order) in enumerate(zip(times, orders, strict=True)):
+        delay = start + offset - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        worst_lag = max(worst_lag, loop.time() - (start + offset))
+        # open loop: start the publishes and move on, never waiting for earlier ones to answer
+        tasks.extend(asyncio.create_task(publish_one(name, index)) for name in order)
+    await asyncio.gather(*tasks)
+    return recorders, failures, worst_lag * 1000.0
+
+
+def _count_stored(server: Any, topic: str, expected: set[bytes]) -> tuple[int, int]:
+    """(duplicates, missing) among the messages stored on ``topic``."""
+    stored = [message.data for message in server.messages(topic)]
+    distinct = set(stored)
+    return len(stored) - len(distinct), len(expected - distinct)
+
+
+def run_info(duration: float) -> dict[str, Any]:
+    """When and where the run happened, for the ``config.run`` entry of ``results.json``."""
+    return {
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(duration, 1),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "hedgepub": hedgepub.__version__,
+    }
+
+
+async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchRun:
+    """Run the experiment described by ``config`` and return its results.
+
+    Starts a local server (in memory, 127.0.0.1, ephemeral port) for the duration of the run.
+    """
+    # imported here, when a run starts, so that the report and plot helpers load without the server
+    from hedgepub import AsyncPublisherClient
+    from hedgepub.server import FaultRule, LatencyMix, LocalServer
+
+    progress = progress or _NoProgress()
+    mix = LatencyMix.parse(config.mix)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    batch = BatchSettings(max_messages=1)
+    retry = RetrySettings()
+    with LocalServer(host="127.0.0.1", port=0, in_memory=True) as server:
+        topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in PUBLISHERS}
+        warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in PUBLISHERS}
+        with AdminClient(server.address) as admin:
+            admin.wait_ready(10.0)
+            for topic in (*topics.values(), *warmup_topics.values()):
+                await loop.run_in_executor(None, admin.create_topic, topic)
+        clients = {
+            "unhedged": AsyncPublisherClient(
+                batch_settings=batch, retry_settings=retry, endpoint=server.address
+            ),
+            "hedged": AsyncPublisherClient(
+                hedging_settings=config.hedging_settings(),
+                batch_settings=batch,
+                retry_settings=retry,
+                endpoint=server.address,
+            ),
+        }
+        try:
+            warmup_done = await _warm_up(clients, warmup_topics, config, progress)
+            before = {name: _Counters.of(client) for name, client in clients.items()}
+            server.faults.seed(config.seed)
+            server.faults.set("Publish", FaultRule(latency=mix))
+            recorders, failures, lag_ms = await _measure(clients, topics, config, progress)
+            counters = {name: _Counters.of(client) - before[name] for name, client in clients.items()}
+        finally:
+            for client in clients.values():
+                await client.shutdown(timeout=30.0)
+        # a losing attempt the server keeps working on after its caller gave up could still be stored
+        progress.phase("waiting for the server to finish in-flight publishes", None)
+        await _drain(server, mix)
+        server.faults.set("Publish", None)
+        results: dict[str, PublisherResult] = {}
+        missing: dict[str, int] = {}
+        for name in PUBLISHERS:
+            expected = {_payload(name, index) for index in range(config.messages)}
+            duplicates, missing[name] = _count_stored(server, topics[name], expected)
+            results[name] = PublisherResult.from_measurements(
+                recorders[name],
+                failed=failures[name],
+                attempts_sent=counters[name].attempts_sent,
+                hedges_sent=counters[name].hedges_sent,
+                hedges_won=counters[name].hedges_won,
+                duplicates=duplicates,
+            )
+    config_entry = _config_entry(config, warmup_done, retry)
+    config_entry["run"] = run_info(loop.time() - began)
+    config_entry["run"]["max_schedule_lag_ms"] = round(lag_ms, 1)
+    return BenchRun(
+        document=results_document(config_entry, results),
+        latencies_ms={name: recorders[name].latencies_ms for name in PUBLISHERS},
+        results=results,
+        max_schedule_lag_ms=lag_ms,
+        missing=missing,
+    )
+
+
+async def _drain(server: Any, mix: LatencyMix) -> None:
+    """Wait until the server has finished every call still in flight (or the longest injected delay)."""
+    longest = _longest_delay(mix)
+    wait_until_idle: Callable[[float], Any] | None = getattr(server, "wait_until_idle", None)
+    if wait_until_idle is not None:
+        await asyncio.get_running_loop().run_in_executor(None, wait_until_idle, longest + 2.0)
+    else:
+        await asyncio.sleep(longest + 0.5)
+
+
+def _longest_delay(mix: LatencyMix) -> float:
+    """The longest delay ``mix`` can inject, in seconds."""
+    return max((bucket.delay for bucket in mix.buckets), default=0.0)
+
+
+def _config_entry(config: BenchConfig, warmup_done: int, retry: RetrySettings) -> dict[str, Any]:
+    entry = asdict(config)  # the option names: messages and rate are per publisher, hedge_delay in s
+    entry["warmup_publishes"] = warmup_done
+    entry["batch_max_messages"] = 1
+    entry["retry"] = {
+        "initial_rpc_timeout_s": retry.initial_rpc_timeout,
+        "total_timeout_s": retry.total_timeout,
+    }
+    return entry

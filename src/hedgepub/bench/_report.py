@@ -1,0 +1,233 @@
+"""The bench's results: latency percentiles per publisher, the JSON document, and the table.
+
+Latencies are recorded in an HdrHistogram in microseconds (3 significant digits, so a percentile is
+within 0.1% of the exact value) and reported in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+from rich.console import Console
+from rich.table import Table
+
+#: The percentiles the bench reports, as (key suffix, percentile, label).
+PERCENTILES: tuple[tuple[str, float, str], ...] = (
+    ("p50", 50.0, "p50"),
+    ("p90", 90.0, "p90"),
+    ("p99", 99.0, "p99"),
+    ("p999", 99.9, "p99.9"),
+)
+
+#: The keys of every publisher's entry in ``results.json``, in order.
+RESULT_KEYS: tuple[str, ...] = (
+    "published",
+    "failed",
+    "p50_ms",
+    "p90_ms",
+    "p99_ms",
+    "p999_ms",
+    "max_ms",
+    "attempts_per_publish",
+    "hedges_sent",
+    "hedges_won",
+    "duplicates",
+)
+
+#: Names of the two publishers, in the order they are shown.
+PUBLISHERS: tuple[str, ...] = ("unhedged", "hedged")
+
+_LOWEST_US = 1
+_HIGHEST_US = 3_600 * 1_000_000  # one hour: far above any publish the bench waits for
+
+
+@dataclass
+class LatencyRecorder:
+    """Caller-side latencies of one publisher's publishes, in an HdrHistogram and as a raw list."""
+
+    histogram: HdrHistogram = field(default_factory=lambda: HdrHistogram(_LOWEST_US, _HIGHEST_US, 3))
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def record(self, seconds: float) -> None:
+        """Record one publish that took ``seconds``."""
+        microseconds = min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
+        self.histogram.record_value(microseconds)
+        self.latencies_ms.append(seconds * 1000.0)
+
+    @property
+    def count(self) -> int:
+        """Number of latencies recorded."""
+        return self.histogram.get_total_count()
+
+    def percentile_ms(self, percentile: float) -> float:
+        """The latency at ``percentile`` (0 to 100) in milliseconds; NaN when nothing was recorded."""
+        if self.count == 0:
+            return math.nan
+        return self.histogram.get_value_at_percentile(percentile) / 1000.0
+
+    def max_ms(self) -> float:
+        """The largest latency in milliseconds; NaN when nothing was recorded."""
+        if self.count == 0:
+            return math.nan
+        return self.histogram.get_max_value() / 1000.0
+
+
+@dataclass(frozen=True)
+class PublisherResult:
+    """What one publisher did during the measured period of the bench."""
+
+    published: int
+    failed: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    attempts_per_publish: float
+    hedges_sent: int
+    hedges_won: int
+    duplicates: int
+
+    @classmethod
+    def from_measurements(
+        cls,
+        recorder: LatencyRecorder,
+        *,
+        failed: int,
+        attempts_sent: int,
+        hedges_sent: int,
+        hedges_won: int,
+        duplicates: int,
+    ) -> PublisherResult:
+        """Summarise the recorded latencies and the publisher's counters."""
+        publishes = recorder.count + failed
+        return cls(
+            published=recorder.count,
+            failed=failed,
+            p50_ms=recorder.percentile_ms(50.0),
+            p90_ms=recorder.percentile_ms(90.0),
+            p99_ms=recorder.percentile_ms(99.0),
+            p999_ms=recorder.percentile_ms(99.9),
+            max_ms=recorder.max_ms(),
+            attempts_per_publish=attempts_sent / publishes if publishes else math.nan,
+            hedges_sent=hedges_sent,
+            hedges_won=hedges_won,
+            duplicates=duplicates,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry for ``results.json``: exactly :data:`RESULT_KEYS`, floats rounded to 0.001."""
+        entry: dict[str, Any] = {}
+        for key in RESULT_KEYS:
+            value = getattr(self, key)
+            entry[key] = _json_number(value)
+        return entry
+
+
+def _json_number(value: float | int) -> float | int | None:
+    if isinstance(value, int):
+        return value
+    if math.isnan(value):
+        return None  # JSON has no NaN; null says "nothing measured"
+    return round(value, 3)
+
+
+def results_document(config: Mapping[str, Any], results: Mapping[str, PublisherResult]) -> dict[str, Any]:
+    """The ``results.json`` document: ``{"config": {...}, "results": {"unhedged": {...}, "hedged": ...}}``."""
+    missing = [name for name in PUBLISHERS if name not in results]
+    if missing:
+        raise ValueError(f"results lack publishers {missing}; need {list(PUBLISHERS)}")
+    return {
+        "config": dict(config),
+        "results": {name: results[name].to_dict() for name in PUBLISHERS},
+    }
+
+
+def write_results_json(document: Mapping[str, Any], path: str | Path) -> Path:
+    """Write ``document`` as indented JSON to ``path`` (parent directories are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def ratio(hedged: float | int | None, unhedged: float | int | None) -> float | None:
+    """``hedged / unhedged``, or ``None`` when either is missing or the unhedged value is zero."""
+    if hedged is None or unhedged is None or unhedged == 0:
+        return None
+    if isinstance(hedged, float) and math.isnan(hedged):
+        return None
+    if isinstance(unhedged, float) and math.isnan(unhedged):
+        return None
+    return hedged / unhedged
+
+
+def _rows(document: Mapping[str, Any]) -> Iterable[tuple[str, str, str, str]]:
+    """(label, unhedged, hedged, ratio) rows of the report, formatted."""
+    unhedged = document["results"]["unhedged"]
+    hedged = document["results"]["hedged"]
+    for key, _, label in (*PERCENTILES, ("max", 100.0, "max")):
+        name = f"{key}_ms"
+        share = ratio(hedged[name], unhedged[name])
+        yield (
+            f"{label} latency (ms)",
+            _format_ms(unhedged[name]),
+            _format_ms(hedged[name]),
+            "" if share is None else f"{share:.2f}x",
+        )
+    yield (
+        "attempts per publish",
+        _format_float(unhedged["attempts_per_publish"]),
+        _format_float(hedged["attempts_per_publish"]),
+        "",
+    )
+    for key, label in (
+        ("hedges_sent", "hedges sent"),
+        ("hedges_won", "hedges won"),
+        ("published", "published"),
+        ("failed", "failed"),
+        ("duplicates", "duplicates on server"),
+    ):
+        yield label, str(unhedged[key]), str(hedged[key]), ""
+
+
+def _format_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _format_float(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def build_table(
+    document: Mapping[str, Any], title: str | None = "Publish latency, unhedged vs hedged"
+) -> Table:
+    """A rich table of the results: one row per measure, one column per publisher, and the ratio."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("measure")
+    table.add_column("unhedged", justify="right")
+    table.add_column("hedged", justify="right")
+    table.add_column("hedged / unhedged", justify="right")
+    for row in _rows(document):
+        table.add_row(*row)
+    return table
+
+
+def render_markdown(document: Mapping[str, Any]) -> str:
+    """The same table as :func:`build_table`, in Markdown (for the README)."""
+    lines = ["| measure | unhedged | hedged | hedged / unhedged |", "|---|---:|---:|---:|"]
+    lines += [f"| {' | '.join(row)} |" for row in _rows(document)]
+    return "\n".join(lines)
+
+
+def print_report(document: Mapping[str, Any], console: Console | None = None) -> None:
+    """Print the results table to ``console`` (standard output by default)."""
+    (console or Console()).print(build_table(document))

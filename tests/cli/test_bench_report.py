@@ -1,0 +1,209 @@
+"""The bench's pure parts: schedule, percentiles, the results document, table and plot."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import random
+import statistics
+import struct
+import zlib
+
+import pytest
+from rich.console import Console
+
+from hedgepub.bench import (
+    RESULT_KEYS,
+    BenchConfig,
+    LatencyRecorder,
+    PublisherResult,
+    arrival_times,
+    build_table,
+    pair_orders,
+    plot_latency_cdf,
+    print_report,
+    render_markdown,
+    results_document,
+    write_results_json,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _mixed_latencies(count: int, seed: int) -> list[float]:
+    """Seconds drawn from 95% ~5 ms, 4% 300 ms, 1% 4 s."""
+    rng = random.Random(seed)
+    values = []
+    for _ in range(count):
+        draw = rng.random()
+        values.append(0.005 + rng.random() / 1000 if draw < 0.95 else 0.3 if draw < 0.99 else 4.0)
+    return values
+
+
+def _result(recorder: LatencyRecorder, **overrides: int) -> PublisherResult:
+    counts = {
+        "failed": 0,
+        "attempts_sent": recorder.count,
+        "hedges_sent": 0,
+        "hedges_won": 0,
+        "duplicates": 0,
+    }
+    counts.update(overrides)
+    return PublisherResult.from_measurements(recorder, **counts)
+
+
+def _document() -> dict:
+    unhedged, hedged = LatencyRecorder(), LatencyRecorder()
+    for seconds in _mixed_latencies(2000, 1):
+        unhedged.record(seconds)
+    for seconds in _mixed_latencies(2000, 2):
+        hedged.record(min(seconds, 0.106))
+    results = {
+        "unhedged": _result(unhedged),
+        "hedged": _result(hedged, attempts_sent=2100, hedges_sent=100, hedges_won=95, duplicates=1),
+    }
+    return results_document({"messages": 2000, "rate": 40.0}, results)
+
+
+class TestSchedule:
+    def test_poisson_arrivals_are_increasing_seeded_and_at_the_rate(self) -> None:
+        times = arrival_times(4000, 40.0, seed=3)
+        assert times == arrival_times(4000, 40.0, seed=3)
+        assert times != arrival_times(4000, 40.0, seed=4)
+        assert times[0] == 0.0
+        assert all(later > earlier for earlier, later in itertools.pairwise(times))
+        gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+        assert statistics.fmean(gaps) == pytest.approx(1 / 40, rel=0.06)
+        # exponential gaps: their standard deviation equals their mean
+        assert statistics.pstdev(gaps) == pytest.approx(1 / 40, rel=0.1)
+
+    def test_fixed_arrivals_are_evenly_spaced(self) -> None:
+        assert arrival_times(4, 2.0, arrivals="fixed") == [0.0, 0.5, 1.0, 1.5]
+
+    @pytest.mark.parametrize(
+        ("count", "rate", "arrivals"), [(-1, 1.0, "fixed"), (1, 0.0, "fixed"), (1, 1, "x")]
+    )
+    def test_bad_schedules_are_refused(self, count: int, rate: float, arrivals: str) -> None:
+        with pytest.raises(ValueError):
+            arrival_times(count, rate, arrivals=arrivals)  # type: ignore[arg-type]
+
+    def test_every_publisher_publishes_at_every_arrival_in_shuffled_order(self) -> None:
+        orders = pair_orders(1000, ("unhedged", "hedged"), seed=1)
+        assert all(sorted(order) == ["hedged", "unhedged"] for order in orders)
+        firsts = sum(order[0] == "hedged" for order in orders)
+        assert 400 < firsts < 600
+
+
+class TestRecorder:
+    def test_percentiles_match_the_exact_ones_within_a_tenth_of_a_percent(self) -> None:
+        values = _mixed_latencies(5000, 7)
+        recorder = LatencyRecorder()
+        for seconds in values:
+            recorder.record(seconds)
+        ordered = sorted(value * 1000 for value in values)
+        for percentile in (50, 90, 99, 99.9):
+            exact = ordered[math.ceil(len(ordered) * percentile / 100) - 1]
+            assert recorder.percentile_ms(percentile) == pytest.approx(exact, rel=1e-3)
+        assert recorder.max_ms() == pytest.approx(4000, rel=1e-3)
+        assert recorder.count == 5000
+
+    def test_an_empty_recorder_reports_nan_and_json_null(self) -> None:
+        result = _result(LatencyRecorder(), failed=3, attempts_sent=3)
+        assert math.isnan(result.p99_ms)
+        entry = result.to_dict()
+        assert entry["p99_ms"] is None
+        assert entry["published"] == 0
+        assert entry["failed"] == 3
+        assert entry["attempts_per_publish"] == 1.0
+
+
+class TestDocument:
+    def test_the_document_has_config_and_both_results_with_every_key(self, tmp_path) -> None:
+        document = _document()
+        assert list(document) == ["config", "results"]
+        assert list(document["results"]) == ["unhedged", "hedged"]
+        for entry in document["results"].values():
+            assert list(entry) == list(RESULT_KEYS)
+        hedged = document["results"]["hedged"]
+        assert hedged["attempts_per_publish"] == pytest.approx(1.05)
+        assert hedged["p99_ms"] < document["results"]["unhedged"]["p99_ms"]
+        path = write_results_json(document, tmp_path / "deep" / "results.json")
+        assert json.loads(path.read_text()) == document
+
+    def test_a_missing_publisher_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="hedged"):
+            results_document({}, {"unhedged": _result(LatencyRecorder())})
+
+    def test_the_table_shows_every_measure_and_the_ratios(self) -> None:
+        document = _document()
+        output = io.StringIO()
+        print_report(document, Console(file=output, width=120, color_system=None))
+        text = output.getvalue()
+        for label in (
+            "p50",
+            "p90",
+            "p99 ",
+            "p99.9",
+            "max",
+            "attempts per publish",
+            "hedges sent",
+            "hedges won",
+        ):
+            assert label in text
+        assert "duplicates on server" in text
+        assert "failed" in text
+        p99 = document["results"]["hedged"]["p99_ms"] / document["results"]["unhedged"]["p99_ms"]
+        assert f"{p99:.2f}x" in text
+        assert build_table(document).row_count == 11
+
+    def test_the_markdown_table_has_a_header_and_one_line_per_measure(self) -> None:
+        lines = render_markdown(_document()).splitlines()
+        assert lines[0].startswith("| measure | unhedged | hedged")
+        assert len(lines) == 13
+        assert all(line.startswith("|") and line.endswith("|") for line in lines)
+
+
+class TestPlot:
+    def test_the_plot_is_a_valid_png(self, tmp_path) -> None:
+        latencies = {
+            "unhedged": [seconds * 1000 for seconds in _mixed_latencies(2000, 1)],
+            "hedged": [min(seconds, 0.106) * 1000 for seconds in _mixed_latencies(2000, 2)],
+        }
+        path = plot_latency_cdf(latencies, tmp_path / "plots" / "tail-latency.png", subtitle="a test")
+        data = path.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert len(data) > 20_000
+        length, kind = struct.unpack(">I4s", data[8:16])
+        assert kind == b"IHDR"
+        assert zlib.crc32(data[12 : 16 + length]) == struct.unpack(">I", data[16 + length : 20 + length])[0]
+        width, height = struct.unpack(">II", data[16:24])
+        assert width > 500 and height > 300
+
+    def test_a_publisher_without_latencies_is_left_out(self, tmp_path) -> None:
+        path = plot_latency_cdf({"unhedged": [], "hedged": [1.0, 2.0, 3.0]}, tmp_path / "p.png")
+        assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+class TestConfig:
+    def test_defaults_take_about_a_minute_and_fill_the_bucket(self) -> None:
+        config = BenchConfig()
+        assert 40 <= config.expected_seconds() <= 60
+        assert config.warmup_target() == 500  # 50 tokens at 0.1 per success
+        assert config.hedging_settings().hedge_delay == 0.1
+
+    @pytest.mark.parametrize(
+        ("field", "value", "message"),
+        [
+            ("hedge_delay", 0.05, "hedge_delay"),
+            ("max_tokens", 0, "max_tokens"),
+            ("refill_ratio", 0.5, "refill_ratio"),
+            ("messages", 0, "messages"),
+            ("rate", 0.0, "rate"),
+            ("warmup", -1, "warmup"),
+        ],
+    )
+    def test_bad_settings_are_refused_naming_the_field(self, field: str, value: object, message: str) -> None:
+        with pytest.raises(ValueError, match=message):
+            BenchConfig(**{field: value})
