@@ -1,0 +1,45 @@
+"""A local Pub/Sub-compatible server: ``google.pubsub.v1`` over gRPC, pure Python, durable on SQLite.
+
+Start it from Python::
+
+    from hedgepub.server import LocalServer
+
+    with LocalServer(in_memory=True) as server:   # ephemeral port on 127.0.0.1, own thread + loop
+        os.environ["PUBSUB_EMULATOR_HOST"] = server.address
+        ...
+        server.messages("projects/p/topics/t")     # what was published, as StoredMessage
+        server.faults.set("Publish", "latency=50ms")
+
+On an event loop you already run (the ``hedgepub serve`` command does this)::
+
+    await serve(host, port, data_dir=..., in_memory=..., faults=..., on_started=print_address, stop=event)
+    # or
+    async with AsyncLocalServer(host, port, data_dir=...) as server: ...
+
+Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (topics, subscriptions, delivery) ->
+:mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor.
+"""
+
+from hedgepub.server._core import PubSubCore
+from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix
+from hedgepub.server._iam import AllowAll, Authorizer
+from hedgepub.server._limits import ServiceError
+from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
+from hedgepub.server._store import MemoryStore, Snapshot, Store, StoredMessage
+
+__all__ = [
+    "AllowAll",
+    "AsyncLocalServer",
+    "Authorizer",
+    "FaultInjector",
+    "FaultRule",
+    "LatencyMix",
+    "LocalServer",
+    "MemoryStore",
+    "PubSubCore",
+    "ServiceError",
+    "Snapshot",
+    "Store",
+    "StoredMessage",
+    "serve",
+]

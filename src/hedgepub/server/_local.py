@@ -1,0 +1,333 @@
+"""Running the server: :class:`AsyncLocalServer` on the caller's event loop, :class:`LocalServer` on its own
+thread, and :func:`serve` for the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from hedgepub._clock import DEFAULT_CLOCK, Clock
+from hedgepub.server._core import PubSubCore
+from hedgepub.server._faults import FaultInjector
+from hedgepub.server._iam import Authorizer
+from hedgepub.server._services import PubSubServicer, generic_handlers
+from hedgepub.server._store import MemoryStore, Store, StoredMessage
+
+#: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
+MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
+GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+)
+
+
+def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
+    """The store for a server: in memory, or SQLite in ``data_dir``."""
+    if in_memory:
+        return MemoryStore()
+    if data_dir is None:
+        raise ValueError("data_dir is required unless in_memory=True")
+    from hedgepub.server._sqlite import SqliteStore
+
+    return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
+
+
+class AsyncLocalServer:
+    """The Pub/Sub server on the running event loop.
+
+    ``data_dir`` holds the SQLite database; ``in_memory=True`` keeps nothing on disk. One of the two is
+    required (:class:`LocalServer` adds the temporary-directory default). ``faults`` is the
+    :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
+    not given). ``authorizer`` decides IAM checks (default: allow everything).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        in_memory: bool = False,
+        faults: FaultInjector | None = None,
+        authorizer: Authorizer | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> None:
+        if faults is None:
+            faults = FaultInjector()
+        self.host = host
+        self.requested_port = port
+        self.data_dir = data_dir
+        self.in_memory = in_memory
+        self.faults = faults
+        self._authorizer = authorizer
+        self._clock = clock
+        self._server: grpc.aio.Server | None = None
+        self.core: PubSubCore | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``)."""
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        """Open the store, load what it holds, and start serving."""
+        store = open_store(self.data_dir, self.in_memory)
+        core = PubSubCore(store, clock=self._clock)
+        loop = asyncio.get_running_loop()
+        # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
+        snapshot = await loop.run_in_executor(None, store.load)
+        core.load(snapshot)
+        server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, self._authorizer)))
+        port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
+        if port == 0:
+            await core.close()
+            raise OSError(f"could not listen on {self.host}:{self.requested_port}")
+        await server.start()
+        self.core = core
+        self._server = server
+        self.port = port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving (letting calls in flight finish for ``grace`` seconds), then close the store."""
+        server, core = self._server, self.core
+        self._server = None
+        if server is not None:
+            await server.stop(grace)
+        if core is not None:
+            await core.close()
+
+    async def wait_for_termination(self) -> None:
+        """Wait until the server stops."""
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def __aenter__(self) -> AsyncLocalServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop(0)
+
+    def __repr__(self) -> str:
+        where = "in memory" if self.in_memory else f"data_dir={str(self.data_dir)!r}"
+        state = f"serving on {self.address}" if self._server is not None else "stopped"
+        return f"<AsyncLocalServer {state}, {where}>"
+
+
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 8085,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    in_memory: bool = False,
+    faults: FaultInjector | None = None,
+    authorizer: Authorizer | None = None,
+    on_started: Callable[[AsyncLocalServer], object] | None = None,
+    stop: asyncio.Event | None = None,
+    grace: float = 1.0,
+) -> None:
+    """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
+
+    ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
+    """
+    server = AsyncLocalServer(
+        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, authorizer=authorizer
+    )
+    await server.start()
+    try:
+        if on_started is not None:
+            on_started(server)
+        if stop is None:
+            await server.wait_for_termination()
+        else:
+            await stop.wait()
+    finally:
+        await asyncio.shield(server.stop(grace))
+
+
+class LocalServer:
+    """The Pub/Sub server in this process, on its own thread and event loop; for tests and notebooks.
+
+    ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
+    goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
+    temporary directory that is removed when it stops.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        data_dir: str | os.PathLike[str] | None = None,
+        in_memory: bool = False,
+        faults: FaultInjector | None = None,
+        *,
+        authorizer: Authorizer | None = None,
+    ) -> None:
+        self._temporary: str | None = None
+        self._server = AsyncLocalServer(
+            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, authorizer=authorizer
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the running server."""
+        return self._server.address
+
+    @property
+    def host(self) -> str:
+        """The host the server listens on."""
+        return self._server.host
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on (0 until started)."""
+        return self._server.port
+
+    @property
+    def faults(self) -> FaultInjector:
+        """The server's :class:`~hedgepub.server.FaultInjector`; change its rules at any time."""
+        return self._server.faults
+
+    @property
+    def data_dir(self) -> str | None:
+        """Where SQLite lives (``None`` in memory)."""
+        data_dir = self._server.data_dir
+        return None if data_dir is None else str(data_dir)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server thread is serving."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> LocalServer:
+        """Start serving on a new thread; returns once the port is open (raises if it cannot open)."""
+        if self._thread is not None:
+            raise RuntimeError("this LocalServer has already been started")
+        if not self._server.in_memory and self._server.data_dir is None:
+            self._temporary = tempfile.mkdtemp(prefix="hedgepub-server-")
+            self._server.data_dir = self._temporary
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        async def main() -> None:
+            self._stopped = asyncio.Event()
+            try:
+                await self._server.start()
+            except BaseException as error:
+                failure.append(error)
+                ready.set()
+                return
+            ready.set()
+            await self._stopped.wait()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(main())
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="hedgepub-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._cleanup()
+            raise failure[0]
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving (calls in flight get ``grace`` seconds) and wait for the thread to end."""
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None or not thread.is_alive():
+            self._cleanup()
+            return
+
+        async def shutdown() -> None:
+            try:
+                await self._server.stop(grace)
+            finally:
+                assert self._stopped is not None
+                self._stopped.set()
+
+        with contextlib.suppress(RuntimeError):  # the loop may already be closing
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result()
+        thread.join()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            self._temporary = None
+
+    def _call(self, coroutine_function: Callable[[], Any], timeout: float | None = None) -> Any:
+        loop = self._loop
+        if loop is None or not self.running:
+            raise RuntimeError("the server is not running")
+        return asyncio.run_coroutine_threadsafe(coroutine_function(), loop).result(timeout)
+
+    def _core(self) -> PubSubCore:
+        core = self._server.core
+        if core is None:
+            raise RuntimeError("the server is not running")
+        return core
+
+    def messages(self, topic: str) -> list[StoredMessage]:
+        """Every message stored on ``topic`` (full name), in publish order."""
+
+        async def read() -> list[StoredMessage]:
+            return self._core().messages(topic)
+
+        return self._call(read)
+
+    def clear(self) -> None:
+        """Delete every topic, subscription, IAM policy and message."""
+
+        async def clear() -> None:
+            await self._core().clear()
+
+        self._call(clear)
+
+    def wait_until_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until no message is waiting or leased on any subscription; False if ``timeout`` passed."""
+
+        async def wait() -> bool:
+            core = self._core()
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout
+            while not core.is_idle():
+                if loop.time() >= end:
+                    return False
+                await asyncio.sleep(0.01)
+            return True
+
+        return bool(self._call(wait))
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop(0)
+
+    def __repr__(self) -> str:
+        store = "in memory" if self._server.in_memory else f"data_dir={self.data_dir!r}"
+        state = f"serving on {self.address}" if self.running else "stopped"
+        return f"<LocalServer {state}, {store}>"

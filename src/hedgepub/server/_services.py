@@ -1,0 +1,401 @@
+"""The gRPC face of the server: thin handlers for ``google.pubsub.v1`` and ``google.iam.v1``.
+
+Each handler parses its request (raw protobuf classes, served through generic handlers), asks the
+:class:`~hedgepub.server._iam.Authorizer` for the RPC's permission, calls the core, and turns a
+:class:`~hedgepub.server._limits.ServiceError` into a status code. Methods not listed here, and unknown
+services, answer UNIMPLEMENTED with a message naming the method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.protobuf import empty_pb2
+from google.protobuf.message import DecodeError
+from google.pubsub_v1.types import pubsub as pubsub_types
+
+from hedgepub._status import StatusCode
+from hedgepub.server import _iam
+from hedgepub.server._core import PubSubCore
+from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
+
+logger = logging.getLogger("hedgepub.server")
+
+PUBLISHER_SERVICE = "google.pubsub.v1.Publisher"
+SUBSCRIBER_SERVICE = "google.pubsub.v1.Subscriber"
+IAM_SERVICE = "google.iam.v1.IAMPolicy"
+
+#: How long a Pull without ``return_immediately`` waits for a first message before answering empty.
+PULL_WAIT_SECONDS = 5.0
+
+_pb = pubsub_types
+_Empty = empty_pb2.Empty
+_MALFORMED = object()
+
+_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _grpc_code(code: StatusCode) -> grpc.StatusCode:
+    return _GRPC_CODES[int(code)]
+
+
+def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    parse = message_class.FromString
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return _MALFORMED
+
+    return deserialize
+
+
+def _field(request: Any, path: str) -> str:
+    value = request
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+class PubSubServicer:
+    """Every implemented RPC, as coroutines taking ``(request, context)``."""
+
+    def __init__(self, core: PubSubCore, authorizer: _iam.Authorizer | None = None) -> None:
+        self.core = core
+        self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
+        self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
+
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
+        if not self._enforcing:
+            return
+        metadata = tuple(context.invocation_metadata() or ())
+        for permission, path in _iam.RPC_PERMISSIONS.get(method, ()):
+            resource = _field(request, path)
+            if method.endswith("IamPolicy"):
+                permission = _iam.resource_permission(resource, permission)
+            await self.authorizer.check(metadata, permission, resource)
+
+    # ------------------------------------------------------------ Publisher
+    async def CreateTopic(self, request: Any, context: Any) -> Any:
+        return await self.core.create_topic(request)
+
+    async def GetTopic(self, request: Any, context: Any) -> Any:
+        return self.core.get_topic(request.topic)
+
+    async def UpdateTopic(self, request: Any, context: Any) -> Any:
+        return await self.core.update_topic(request.topic, list(request.update_mask.paths))
+
+    async def ListTopics(self, request: Any, context: Any) -> Any:
+        topics, token = self.core.list_topics(request.project, request.page_size, request.page_token)
+        return _pb.ListTopicsResponse.pb()(topics=topics, next_page_token=token)
+
+    async def ListTopicSubscriptions(self, request: Any, context: Any) -> Any:
+        names, token = self.core.list_topic_subscriptions(
+            request.topic, request.page_size, request.page_token
+        )
+        return _pb.ListTopicSubscriptionsResponse.pb()(subscriptions=names, next_page_token=token)
+
+    async def DeleteTopic(self, request: Any, context: Any) -> Any:
+        await self.core.delete_topic(request.topic)
+        return _Empty()
+
+    async def DetachSubscription(self, request: Any, context: Any) -> Any:
+        await self.core.detach_subscription(request.subscription)
+        return _pb.DetachSubscriptionResponse.pb()()
+
+    async def Publish(self, request: Any, context: Any) -> Any:
+        ids = await self.core.publish(request.topic, request.messages, request.ByteSize())
+        return _PublishResponse(message_ids=ids)
+
+    # ------------------------------------------------------------ Subscriber
+    async def CreateSubscription(self, request: Any, context: Any) -> Any:
+        return await self.core.create_subscription(request)
+
+    async def GetSubscription(self, request: Any, context: Any) -> Any:
+        return self.core.get_subscription(request.subscription)
+
+    async def UpdateSubscription(self, request: Any, context: Any) -> Any:
+        return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
+
+    async def ListSubscriptions(self, request: Any, context: Any) -> Any:
+        configs, token = self.core.list_subscriptions(request.project, request.page_size, request.page_token)
+        return _pb.ListSubscriptionsResponse.pb()(subscriptions=configs, next_page_token=token)
+
+    async def DeleteSubscription(self, request: Any, context: Any) -> Any:
+        await self.core.delete_subscription(request.subscription)
+        return _Empty()
+
+    async def Pull(self, request: Any, context: Any) -> Any:
+        wait = 0.0
+        if not request.return_immediately:
+            wait = PULL_WAIT_SECONDS
+            remaining = context.time_remaining()
+            if remaining is not None:
+                # Answer (empty) a little before the caller's deadline rather than let it expire.
+                wait = max(0.0, min(wait, remaining - 0.1))
+        received = await self.core.pull(request.subscription, request.max_messages, wait)
+        return _pb.PullResponse.pb()(received_messages=received)
+
+    async def Acknowledge(self, request: Any, context: Any) -> Any:
+        await self.core.acknowledge(request.subscription, request.ack_ids)
+        return _Empty()
+
+    async def ModifyAckDeadline(self, request: Any, context: Any) -> Any:
+        self.core.modify_ack_deadline(request.subscription, request.ack_ids, request.ack_deadline_seconds)
+        return _Empty()
+
+    async def StreamingPull(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Bidirectional: a reader task applies acks, modacks and deadline changes; we send messages."""
+        core = self.core
+        first = await _next_request(requests)
+        if first is None:
+            return
+        subscription = first.subscription
+        if not subscription:
+            raise invalid("The first StreamingPullRequest must name a subscription.")
+        await self.authorize("StreamingPull", first, context)
+        deadline = check_ack_deadline(
+            first.stream_ack_deadline_seconds, allow_zero=False, field="stream_ack_deadline_seconds"
+        )
+        if first.max_outstanding_messages < 0 or first.max_outstanding_bytes < 0:
+            raise invalid("max_outstanding_messages and max_outstanding_bytes must not be negative.")
+        consumer = core.open_consumer(
+            subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
+        )
+        state = core.get_subscription(subscription)
+        properties = _pb.StreamingPullResponse.SubscriptionProperties.pb()(
+            message_ordering_enabled=state.enable_message_ordering
+        )
+        failure: list[ServiceError] = []
+
+        def apply(request: Any) -> None:
+            if request.stream_ack_deadline_seconds:
+                consumer.ack_deadline = float(
+                    check_ack_deadline(
+                        request.stream_ack_deadline_seconds,
+                        allow_zero=False,
+                        field="stream_ack_deadline_seconds",
+                    )
+                )
+            if request.modify_deadline_ack_ids or request.modify_deadline_seconds:
+                core.modify_each(
+                    subscription, request.modify_deadline_ack_ids, request.modify_deadline_seconds
+                )
+
+        async def read() -> None:
+            try:
+                apply(first)
+                if first.ack_ids:
+                    await core.acknowledge(subscription, first.ack_ids)
+                while True:
+                    request = await _next_request(requests)
+                    if request is None:
+                        break
+                    apply(request)
+                    if request.ack_ids:
+                        await core.acknowledge(subscription, request.ack_ids)
+            except ServiceError as error:
+                failure.append(error)
+            except (asyncio.CancelledError, grpc.RpcError):
+                pass
+            finally:
+                core.close_consumer(subscription, consumer)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                batch = await core.next_batch(subscription, consumer)
+                if failure:
+                    raise failure[0]
+                if not batch:
+                    break
+                yield _pb.StreamingPullResponse.pb()(
+                    received_messages=batch, subscription_properties=properties
+                )
+        finally:
+            core.close_consumer(subscription, consumer)
+            reader.cancel()
+
+    # ------------------------------------------------------------ IAMPolicy
+    async def GetIamPolicy(self, request: Any, context: Any) -> Any:
+        return self.core.get_policy(request.resource)
+
+    async def SetIamPolicy(self, request: Any, context: Any) -> Any:
+        return await self.core.set_policy(request.resource, request.policy)
+
+    async def TestIamPermissions(self, request: Any, context: Any) -> Any:
+        self.core.check_iam_resource(request.resource)
+        _iam.check_testable(request.resource, request.permissions)
+        metadata = tuple(context.invocation_metadata() or ())
+        granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
+        return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
+
+
+_PublishResponse: Any = _pb.PublishResponse.pb()
+
+
+async def _next_request(requests: AsyncIterator[Any]) -> Any:
+    try:
+        request = await requests.__anext__()
+    except StopAsyncIteration:
+        return None
+    if request is _MALFORMED:
+        raise invalid("The request could not be parsed as a StreamingPullRequest.")
+    return request
+
+
+# (service, method, request class, response class, streaming)
+_METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
+    (PUBLISHER_SERVICE, "CreateTopic", _pb.Topic.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "UpdateTopic", _pb.UpdateTopicRequest.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "Publish", _pb.PublishRequest.pb(), _pb.PublishResponse.pb(), False),
+    (PUBLISHER_SERVICE, "GetTopic", _pb.GetTopicRequest.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "ListTopics", _pb.ListTopicsRequest.pb(), _pb.ListTopicsResponse.pb(), False),
+    (
+        PUBLISHER_SERVICE,
+        "ListTopicSubscriptions",
+        _pb.ListTopicSubscriptionsRequest.pb(),
+        _pb.ListTopicSubscriptionsResponse.pb(),
+        False,
+    ),
+    (PUBLISHER_SERVICE, "DeleteTopic", _pb.DeleteTopicRequest.pb(), _Empty, False),
+    (
+        PUBLISHER_SERVICE,
+        "DetachSubscription",
+        _pb.DetachSubscriptionRequest.pb(),
+        _pb.DetachSubscriptionResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "CreateSubscription", _pb.Subscription.pb(), _pb.Subscription.pb(), False),
+    (SUBSCRIBER_SERVICE, "GetSubscription", _pb.GetSubscriptionRequest.pb(), _pb.Subscription.pb(), False),
+    (
+        SUBSCRIBER_SERVICE,
+        "UpdateSubscription",
+        _pb.UpdateSubscriptionRequest.pb(),
+        _pb.Subscription.pb(),
+        False,
+    ),
+    (
+        SUBSCRIBER_SERVICE,
+        "ListSubscriptions",
+        _pb.ListSubscriptionsRequest.pb(),
+        _pb.ListSubscriptionsResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "DeleteSubscription", _pb.DeleteSubscriptionRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
+    (
+        SUBSCRIBER_SERVICE,
+        "StreamingPull",
+        _pb.StreamingPullRequest.pb(),
+        _pb.StreamingPullResponse.pb(),
+        True,
+    ),
+    (IAM_SERVICE, "SetIamPolicy", iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
+    (IAM_SERVICE, "GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),
+    (
+        IAM_SERVICE,
+        "TestIamPermissions",
+        iam_policy_pb2.TestIamPermissionsRequest,
+        iam_policy_pb2.TestIamPermissionsResponse,
+        False,
+    ),
+)
+
+#: Full paths of every implemented method.
+IMPLEMENTED_METHODS: frozenset[str] = frozenset(f"/{service}/{method}" for service, method, *_ in _METHODS)
+
+
+def _unary(servicer: PubSubServicer, method: str, request_class: Any) -> Callable[..., Awaitable[Any]]:
+    behavior = getattr(servicer, method)
+    authorize = servicer.authorize
+    name = request_class.DESCRIPTOR.name
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is _MALFORMED:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"The request could not be parsed as a {name}."
+            )
+        try:
+            await authorize(method, request, context)
+            return await behavior(request, context)
+        except ServiceError as error:
+            await context.abort(_grpc_code(error.code), error.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("%s failed", method)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log."
+            )
+
+    return handle
+
+
+def _streaming(servicer: PubSubServicer, method: str) -> Callable[..., AsyncIterator[Any]]:
+    behavior = getattr(servicer, method)
+
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for response in behavior(requests, context):
+                yield response
+        except ServiceError as error:
+            await context.abort(_grpc_code(error.code), error.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("%s failed", method)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log."
+            )
+
+    return handle
+
+
+class _Unimplemented(grpc.GenericRpcHandler):
+    """Answers any method nobody else serves with UNIMPLEMENTED and a message naming it."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"Method {method} is not implemented by the hedgepub local Pub/Sub server.",
+            )
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+def generic_handlers(servicer: PubSubServicer) -> list[grpc.GenericRpcHandler]:
+    """The generic handlers to add to a ``grpc.aio`` server, the UNIMPLEMENTED catch-all last."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for service, method, request_class, response_class, streaming in _METHODS:
+        if streaming:
+            handler = grpc.stream_stream_rpc_method_handler(
+                _streaming(servicer, method),
+                request_deserializer=_parser(request_class),
+                response_serializer=response_class.SerializeToString,
+            )
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(
+                _unary(servicer, method, request_class),
+                request_deserializer=_parser(request_class),
+                response_serializer=response_class.SerializeToString,
+            )
+        by_service.setdefault(service, {})[method] = handler
+    handlers: list[grpc.GenericRpcHandler] = [
+        grpc.method_handlers_generic_handler(service, methods) for service, methods in by_service.items()
+    ]
+    handlers.append(_Unimplemented())
+    return handlers
