@@ -615,7 +615,7 @@ batch_plans = st.lists(
         ),
     ),
     min_size=1,
-    max_size=25,
+    max_size=15,
 )
 
 
