@@ -13,6 +13,7 @@ from hedgepub._exceptions import (
     RpcError,
     ShutdownTimeoutError,
 )
+from hedgepub._publisher import AsyncPublisherClient, PublisherClient
 from hedgepub._settings import (
     BatchSettings,
     FlowControlSettings,
@@ -21,11 +22,13 @@ from hedgepub._settings import (
     RetrySettings,
     check_hedging,
 )
+from hedgepub._stats import PublisherStats
 from hedgepub._status import StatusCode
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncPublisherClient",
     "BatchSettings",
     "FlowControlLimitError",
     "FlowControlSettings",
@@ -35,6 +38,8 @@ __all__ = [
     "OrderingKeyPausedError",
     "PublishError",
     "PublishTimeoutError",
+    "PublisherClient",
+    "PublisherStats",
     "ResponseMismatchError",
     "RetrySettings",
     "RpcError",

@@ -1,0 +1,131 @@
+"""Futures that resolve a whole batch at once.
+
+The synchronous client hands out :class:`concurrent.futures.Future` objects. A stock ``Future`` costs a
+``threading.Condition`` to build and a lock round trip plus ``notify_all`` to resolve: together more than
+the rest of ``publish``. :class:`BatchFuture` is a real ``concurrent.futures.Future`` (``result``,
+``exception``, ``cancel``, ``add_done_callback``, ``concurrent.futures.wait`` all behave as documented)
+whose condition is shared by every message of one batch, and :func:`resolve_batch` resolves all of them
+under one acquisition of that condition with one ``notify_all``. Waiters cannot observe a half-resolved
+batch: they wake only once the condition is released, when every future of the batch is done.
+
+The fast path relies on ``concurrent.futures.Future``'s internal fields, unchanged since Python 3.2;
+:data:`FAST_PATH` checks them at import and the code falls back to the public methods otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+from concurrent.futures import _base
+
+_PENDING = getattr(_base, "PENDING", None)
+_FINISHED = getattr(_base, "FINISHED", None)
+
+
+def _check_fast_path() -> bool:
+    probe = concurrent.futures.Future()
+    return (
+        _PENDING is not None
+        and _FINISHED is not None
+        and all(hasattr(probe, name) for name in ("_condition", "_state", "_waiters", "_done_callbacks"))
+        and callable(getattr(probe, "_invoke_callbacks", None))
+        and probe._state == _PENDING  # type: ignore[attr-defined]
+    )
+
+
+#: Whether the bulk-resolution fast path matches this Python's ``concurrent.futures.Future``.
+FAST_PATH = _check_fast_path()
+
+
+class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+    """A ``concurrent.futures.Future`` sharing its condition with the rest of its batch."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        if not FAST_PATH:
+            super().__init__()
+            return
+        # Mirrors Future.__init__, with the batch's condition instead of a new one.
+        self._condition = condition
+        self._state = _PENDING
+        self._result = None
+        self._exception = None
+        self._waiters: list = []  # type: ignore[type-arg]
+        self._done_callbacks: list = []  # type: ignore[type-arg]
+
+
+def resolve_batch(
+    futures: Sequence[object],
+    condition: threading.Condition | None,
+    message_ids: Sequence[str] | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Resolve every future of a batch: result ``message_ids[i]``, or ``error`` for all.
+
+    Futures already done (cancelled by their owner) are left alone. Asyncio futures must be resolved on
+    their loop's thread, which is where the publisher core calls this.
+    """
+    if not futures:
+        return
+    if isinstance(futures[0], asyncio.Future):
+        _resolve_asyncio(futures, message_ids, error)  # type: ignore[arg-type]
+        return
+    if FAST_PATH and condition is not None:
+        _resolve_fast(futures, condition, message_ids, error)  # type: ignore[arg-type]
+        return
+    for index, future in enumerate(futures):
+        try:
+            if error is None:
+                future.set_result(message_ids[index])  # type: ignore[attr-defined, index]
+            else:
+                future.set_exception(error)  # type: ignore[attr-defined]
+        except concurrent.futures.InvalidStateError:
+            pass
+
+
+def _resolve_asyncio(
+    futures: Sequence[asyncio.Future[str]], message_ids: Sequence[str] | None, error: BaseException | None
+) -> None:
+    if error is None:
+        assert message_ids is not None
+        for future, message_id in zip(futures, message_ids, strict=True):
+            if not future.done():
+                future.set_result(message_id)
+    else:
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+
+
+def _resolve_fast(
+    futures: Sequence[BatchFuture],
+    condition: threading.Condition,
+    message_ids: Sequence[str] | None,
+    error: BaseException | None,
+) -> None:
+    with_callbacks = []
+    with condition:
+        if error is None:
+            assert message_ids is not None
+            for future, message_id in zip(futures, message_ids, strict=True):
+                if future._state == _PENDING:
+                    future._result = message_id
+                    future._state = _FINISHED
+                    for waiter in future._waiters:
+                        waiter.add_result(future)
+                    if future._done_callbacks:
+                        with_callbacks.append(future)
+        else:
+            for future in futures:
+                if future._state == _PENDING:
+                    future._exception = error
+                    future._state = _FINISHED
+                    for waiter in future._waiters:
+                        waiter.add_exception(future)
+                    if future._done_callbacks:
+                        with_callbacks.append(future)
+        condition.notify_all()
+    # Callbacks run outside the condition, as Future.set_result runs them.
+    for future in with_callbacks:
+        future._invoke_callbacks()

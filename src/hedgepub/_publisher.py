@@ -1,0 +1,759 @@
+"""The publisher clients: :class:`AsyncPublisherClient` and its synchronous facade :class:`PublisherClient`.
+
+There is one implementation of batching, ordering keys, flow control and hedging: :class:`_PublisherCore`,
+which runs on one asyncio event loop. ``AsyncPublisherClient`` uses it on the caller's loop;
+``PublisherClient`` runs it on a private event-loop thread and is safe to call from any thread.
+
+The hot path is built for throughput:
+
+* ``publish`` validates, then adds the message straight into the raw ``PublishRequest`` of the open batch
+  (no proto-plus, no copy, no task per message), under one short lock;
+* batches sealed or opened by another thread are handed to the loop through one queue, with at most one
+  ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
+* a batch's futures are resolved together (see :mod:`hedgepub._futures`).
+
+Each sealed batch becomes one task that runs the Publish RPC through the hedging engine
+(:func:`hedgepub._engine.run_batch`): retries, back-off, deadlines and hedges all come from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import itertools
+import logging
+import threading
+import uuid
+from collections import deque
+from typing import Any
+
+from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
+from hedgepub._bucket import TokenBucket
+from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
+from hedgepub._engine import BatchOutcome, run_batch
+from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
+from hedgepub._flow_control import FlowController
+from hedgepub._futures import BatchFuture, resolve_batch
+from hedgepub._settings import (
+    MAX_REQUEST_BYTES,
+    BatchSettings,
+    FlowControlSettings,
+    HedgingSettings,
+    RetrySettings,
+    check_hedging,
+)
+from hedgepub._stats import PublisherStats, StatsRecorder
+from hedgepub._transport import (
+    GrpcTransport,
+    PubsubMessagePb,
+    Transport,
+    create_channel,
+    request_metadata,
+    resolve_endpoint,
+)
+
+_LOGGER = logging.getLogger("hedgepub")
+
+#: Batches a publisher has in flight at once; later ones wait their turn, in order. Google's front ends
+#: serve about 100 concurrent streams per connection, so more would only queue inside the channel, where
+#: the wait would count against the batch's deadline and hedge delay (and trigger pointless hedges).
+MAX_BATCHES_IN_FLIGHT = 100
+
+
+class ClientState(enum.Enum):
+    """Where a publisher is in its life."""
+
+    #: Accepting messages.
+    OPEN = "open"
+    #: ``shutdown`` has begun: new messages are refused, pending batches are being flushed.
+    CLOSING = "closing"
+    #: Every future has resolved and the channel is closed.
+    CLOSED = "closed"
+
+
+def topic_path(project: str, topic: str) -> str:
+    """The full name of ``topic`` in ``project``: ``projects/{project}/topics/{topic}``."""
+    return f"projects/{project}/topics/{topic}"
+
+
+def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does."""
+    for name, value in attributes.items():
+        if type(value) is str:
+            continue
+        if isinstance(value, str):
+            continue
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                attributes[name] = bytes(value).decode("utf-8")
+                continue
+            except UnicodeDecodeError:
+                pass
+        raise TypeError(
+            f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
+            "All attributes published to Pub/Sub must be text strings."
+        )
+    return attributes
+
+
+class _KeyQueue:
+    """The batches of one ordering key: at most one in flight, the rest waiting in order."""
+
+    __slots__ = ("in_flight", "waiting")
+
+    def __init__(self) -> None:
+        self.in_flight = False
+        self.waiting: deque[Batch] = deque()
+
+
+class _PublisherCore:
+    """Batching, ordering keys, flow control, hedging and stats for one publisher, on one event loop.
+
+    ``add`` may be called from any thread; everything else runs on the core's loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        hedging_settings: HedgingSettings | None,
+        batch_settings: BatchSettings,
+        retry_settings: RetrySettings,
+        flow_control: FlowControlSettings,
+        enable_message_ordering: bool,
+        endpoint: str | None,
+        credentials: Any,
+        transport: Transport | None,
+        clock: Clock,
+        sync_futures: bool,
+    ) -> None:
+        for name, value, kind in (
+            ("batch_settings", batch_settings, BatchSettings),
+            ("retry_settings", retry_settings, RetrySettings),
+            ("flow_control", flow_control, FlowControlSettings),
+        ):
+            if not isinstance(value, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}; got {type(value).__name__} {value!r}")
+        if hedging_settings is not None and not isinstance(hedging_settings, HedgingSettings):
+            raise TypeError(
+                f"hedging_settings must be a HedgingSettings or None; got {type(hedging_settings).__name__}"
+            )
+        check_hedging(hedging_settings, retry_settings, bool(enable_message_ordering))
+        self.hedging = hedging_settings
+        self.batch_settings = batch_settings
+        self.retry = retry_settings
+        self.ordering = bool(enable_message_ordering)
+        self.bucket = TokenBucket.from_settings(hedging_settings) if hedging_settings is not None else None
+        self.clock = clock
+        self.sync_futures = sync_futures
+        self.flow = FlowController(flow_control, on_block=self._flush_soon)
+        self.stats_recorder = StatsRecorder()
+        self._transport = transport
+        self._target = None
+        self._credentials = credentials
+        if transport is None:
+            self._target = resolve_endpoint(endpoint, credentials=credentials)
+            if self._target.secure and credentials is None:
+                # Find Application Default Credentials now, so that a missing setup fails at construction.
+                import google.auth
+
+                from hedgepub._transport import SCOPES
+
+                self._credentials, _project = google.auth.default(scopes=SCOPES)
+        self._max_messages = batch_settings.max_messages
+        self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
+        self._max_latency = batch_settings.max_latency
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, str], Batch] = {}
+        self._events: list[Batch] = []
+        self._wakeup_pending = False
+        self._paused: set[tuple[str, str]] = set()
+        self._keys: dict[tuple[str, str], _KeyQueue] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
+        self._send_queue: deque[Batch] = deque()
+        self._overheads: dict[str, int] = {}
+        self.state = ClientState.OPEN
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._batch_numbers = itertools.count()
+        self._shutdown_task: asyncio.Future[None] | None = None
+
+    # ---- binding -------------------------------------------------------------------------------------
+
+    def bind(self, loop: asyncio.AbstractEventLoop, thread_id: int) -> None:
+        """Attach the core to the loop (and its thread) that will run its batches."""
+        self._loop = loop
+        self._loop_thread = thread_id
+
+    def bind_running_loop(self) -> asyncio.AbstractEventLoop:
+        """Attach to the running loop on first use; refuse use from a second loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self.bind(loop, threading.get_ident())
+        elif self._loop is not loop:
+            raise RuntimeError("an AsyncPublisherClient must be used from the event loop it started on")
+        return loop
+
+    def transport(self) -> Transport:
+        """The transport, opening the channel on first use (on the loop)."""
+        if self._transport is None:
+            assert self._target is not None
+            self._transport = GrpcTransport(create_channel(self._target, self._credentials))
+        return self._transport
+
+    # ---- the hot path: any thread --------------------------------------------------------------------
+
+    def prepare(
+        self, topic: str, data: bytes, ordering_key: str, attributes: dict[str, Any]
+    ) -> tuple[Any, int, int]:
+        """Validate one message; return (raw message or None, message bytes, framed bytes)."""
+        if not isinstance(data, bytes):
+            raise TypeError(f"data must be bytes; got {type(data).__name__}")
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str; got {type(topic).__name__}")
+        if ordering_key:
+            if not isinstance(ordering_key, str):
+                raise TypeError(f"ordering_key must be a str; got {type(ordering_key).__name__}")
+            if not self.ordering:
+                raise ValueError(
+                    "ordering_key given but message ordering is not enabled: construct the publisher "
+                    "with enable_message_ordering=True"
+                )
+        if attributes or ordering_key:
+            message = PubsubMessagePb(
+                data=data, attributes=_check_attributes(attributes), ordering_key=ordering_key
+            )
+            size = message.ByteSize()
+        else:
+            message = None
+            length = len(data)
+            size = (2 + length if length < 0x80 else 1 + varint_size(length) + length) if length else 0
+        framed = 2 + size if size < 0x80 else field_size(size)
+        overhead = self._overheads.get(topic)
+        if overhead is None:
+            overhead = self._overheads.setdefault(topic, request_overhead(topic))
+        if overhead + framed > MAX_REQUEST_BYTES:
+            raise ValueError(
+                f"the message is {size} bytes; with its topic it cannot fit a Publish request of at most "
+                f"{MAX_REQUEST_BYTES} bytes"
+            )
+        return message, size, framed
+
+    def add(self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int) -> Any:
+        """Put one validated message into its open batch and return its future."""
+        schedule = False
+        with self._lock:
+            if self.state is not ClientState.OPEN:
+                raise RuntimeError("publish() called after shutdown()")
+            key = (topic, ordering_key)
+            if ordering_key and key in self._paused:
+                return self._paused_future(ordering_key)
+            batch = self._open.get(key)
+            if batch is not None and batch.byte_size + framed > self._max_bytes:
+                self._seal_locked(key, batch)
+                batch = None
+            if batch is None:
+                batch = Batch(
+                    topic, ordering_key, f"{self._id_prefix}-{next(self._batch_numbers)}", self.sync_futures
+                )
+                self._open[key] = batch
+                self._events.append(batch)  # to arm its latency timer
+            if message is None:
+                batch.add_message(data=data)
+            else:
+                batch.append_message(message)
+            batch.byte_size += framed
+            batch.flow_bytes += size
+            if self.sync_futures:
+                future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
+            else:
+                future = self._loop.create_future()  # type: ignore[union-attr]
+            futures = batch.futures
+            futures.append(future)
+            if len(futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
+                self._seal_locked(key, batch)
+            if self._events and not self._wakeup_pending:
+                self._wakeup_pending = schedule = True
+        if schedule:
+            self._wake_loop()
+        return future
+
+    def _paused_future(self, ordering_key: str) -> Any:
+        error = OrderingKeyPausedError(ordering_key)
+        future: Any = concurrent.futures.Future() if self.sync_futures else self._loop.create_future()  # type: ignore[union-attr]
+        future.set_exception(error)
+        self.stats_recorder.record_failed(1)
+        return future
+
+    def _seal_locked(self, key: tuple[str, str], batch: Batch) -> None:
+        del self._open[key]
+        batch.state = BatchState.SEALED
+        self._events.append(batch)
+
+    def _wake_loop(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_thread:
+            loop.call_soon(self._drain)
+        else:
+            try:
+                loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nothing can be sent any more
+                _LOGGER.debug("publisher loop closed before a wake-up could be delivered")
+
+    def _flush_soon(self) -> None:
+        """Seal every open batch (from any thread): flow control is about to make a caller wait."""
+        schedule = False
+        with self._lock:
+            for key, batch in list(self._open.items()):
+                self._seal_locked(key, batch)
+            if self._events and not self._wakeup_pending:
+                self._wakeup_pending = schedule = True
+        if schedule:
+            self._wake_loop()
+
+    # ---- on the loop ---------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+            self._wakeup_pending = False
+        for batch in events:
+            try:
+                if batch.state is BatchState.OPEN:
+                    if batch.timer is None:
+                        batch.timer = self.clock.call_later(
+                            self._max_latency, lambda b=batch: self._expire(b)
+                        )
+                elif batch.state is BatchState.SEALED:
+                    self._dispatch(batch)
+            except BaseException as error:  # never leave this batch's futures pending
+                self._fail(batch, PublishError(f"internal error while dispatching a batch: {error!r}"), error)
+
+    def _expire(self, batch: Batch) -> None:
+        with self._lock:
+            if batch.state is not BatchState.OPEN:
+                return
+            key = (batch.topic, batch.ordering_key)
+            if self._open.get(key) is batch:
+                del self._open[key]
+            batch.state = BatchState.SEALED
+        batch.timer = None
+        self._dispatch(batch)
+
+    def _dispatch(self, batch: Batch) -> None:
+        timer: TimerHandle | None = batch.timer
+        if timer is not None:
+            timer.cancel()
+            batch.timer = None
+        if batch.ordering_key:
+            key = (batch.topic, batch.ordering_key)
+            queue = self._keys.get(key)
+            if queue is None:
+                queue = self._keys[key] = _KeyQueue()
+            if queue.in_flight:
+                batch.state = BatchState.QUEUED
+                queue.waiting.append(batch)
+                return
+            queue.in_flight = True
+        self._start(batch)
+
+    def _start(self, batch: Batch) -> None:
+        if self._in_flight >= MAX_BATCHES_IN_FLIGHT:
+            batch.state = BatchState.QUEUED
+            self._send_queue.append(batch)
+            return
+        self._in_flight += 1
+        batch.state = BatchState.SENDING
+        task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: Batch) -> None:
+        try:
+            await self._publish(batch)
+        finally:
+            self._in_flight -= 1
+            if self._send_queue:
+                self._start(self._send_queue.popleft())
+
+    async def _publish(self, batch: Batch) -> None:
+        outcome: BatchOutcome | None = None
+        try:
+            transport = self.transport()
+            request = batch.request
+            topic = batch.topic
+            batch_id = batch.batch_id
+
+            async def attempt(attempt_number: int, timeout: float) -> list[str]:
+                return await transport.publish(
+                    request, request_metadata(topic, batch_id, attempt_number), timeout
+                )
+
+            outcome = await run_batch(
+                attempt,
+                message_count=len(batch.futures),
+                retry=self.retry,
+                hedging=self.hedging,
+                bucket=self.bucket,
+                clock=self.clock,
+            )
+        except asyncio.CancelledError:
+            self._fail(
+                batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
+            )
+            raise
+        except BaseException as error:
+            self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        try:
+            self.stats_recorder.record_batch(
+                messages=len(batch.futures),
+                ok=outcome.ok,
+                attempts=outcome.attempts_sent,
+                hedges=outcome.hedges_sent,
+                hedge_won=outcome.hedge_won,
+                hedges_skipped=outcome.hedges_skipped,
+                latency=outcome.latency,
+            )
+        finally:
+            if outcome.ok:
+                self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
+            else:
+                self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]
+
+    def _succeed(self, batch: Batch, message_ids: tuple[str, ...]) -> None:
+        batch.state = BatchState.DONE
+        try:
+            resolve_batch(batch.futures, batch.condition, message_ids=message_ids)
+        finally:
+            self._release(batch)
+            if batch.ordering_key:
+                self._next_on_key((batch.topic, batch.ordering_key))
+
+    def _fail(
+        self, batch: Batch, error: BaseException, cause: BaseException | None = None, *, counted: bool = False
+    ) -> None:
+        """Resolve every future of ``batch`` with ``error``; pause its ordering key."""
+        if batch.state is BatchState.DONE:
+            return
+        batch.state = BatchState.DONE
+        if cause is not None:
+            error.__cause__ = cause
+            _LOGGER.error("hedgepub internal error; failing %d messages", len(batch.futures), exc_info=cause)
+        if not counted:
+            self.stats_recorder.record_failed(len(batch.futures))
+        try:
+            resolve_batch(batch.futures, batch.condition, error=error)
+        finally:
+            self._release(batch)
+            if batch.ordering_key:
+                self._pause((batch.topic, batch.ordering_key))
+
+    def _release(self, batch: Batch) -> None:
+        if self.flow.enabled:
+            self.flow.release(len(batch.futures), batch.flow_bytes)
+
+    def _next_on_key(self, key: tuple[str, str]) -> None:
+        queue = self._keys.get(key)
+        if queue is None:
+            return
+        if queue.waiting:
+            self._start(queue.waiting.popleft())
+        else:
+            queue.in_flight = False
+            del self._keys[key]
+
+    def _pause(self, key: tuple[str, str]) -> None:
+        """A batch on ``key`` failed: fail what waits behind it, and refuse the key until resumed."""
+        with self._lock:
+            self._paused.add(key)
+            open_batch = self._open.pop(key, None)
+            if open_batch is not None:
+                open_batch.state = BatchState.SEALED
+        queue = self._keys.pop(key, None)
+        waiting = list(queue.waiting) if queue is not None else []
+        if open_batch is not None:
+            waiting.append(open_batch)
+        for batch in waiting:
+            if batch.timer is not None:
+                batch.timer.cancel()
+                batch.timer = None
+            batch.state = BatchState.QUEUED  # so that _fail below is the only resolution
+            self._fail(batch, OrderingKeyPausedError(key[1]))
+
+    def resume(self, topic: str, ordering_key: str) -> None:
+        """Accept messages on a paused ordering key again (any thread)."""
+        with self._lock:
+            self._paused.discard((topic, ordering_key))
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the counters (any thread)."""
+        return self.stats_recorder.snapshot(self.bucket.tokens if self.bucket is not None else 0.0)
+
+    # ---- shutdown ------------------------------------------------------------------------------------
+
+    async def shutdown(self, timeout: float | None) -> None:
+        """Flush everything, wait for every future (at most ``timeout`` seconds), close the channel."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.ensure_future(self._shutdown(timeout))
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
+        with self._lock:
+            self.state = ClientState.CLOSING
+            for key, batch in list(self._open.items()):
+                self._seal_locked(key, batch)
+        self.flow.close()
+        self._drain()
+        try:
+            while self._tasks:
+                remaining = None if deadline is None else deadline - self.clock.now()
+                if remaining is not None and remaining <= 0:
+                    break
+                await asyncio.wait(set(self._tasks), timeout=remaining)
+            if self._tasks:
+                # Queued batches have no task yet: fail them first, then cancel the running ones, whose
+                # attempts the engine cancels on the wire.
+                waiting, self._send_queue = list(self._send_queue), deque()
+                for batch in waiting:
+                    self._fail(
+                        batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
+                    )
+                for queue in list(self._keys.values()):
+                    waiting, queue.waiting = list(queue.waiting), deque()
+                    for batch in waiting:
+                        self._fail(
+                            batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
+                        )
+                tasks = list(self._tasks)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self.state = ClientState.CLOSED
+            if self._transport is not None:
+                await self._transport.close()
+
+
+_DEFAULT_BATCH = BatchSettings()
+_DEFAULT_RETRY = RetrySettings()
+_DEFAULT_FLOW = FlowControlSettings()
+
+
+class AsyncPublisherClient:
+    """Publish to Pub/Sub from asyncio, with optional hedging of slow publishes.
+
+    ``message_id = await publisher.publish(topic, b"data", **attributes)`` waits for the batch that
+    carries the message; run many publishes concurrently (tasks, ``asyncio.gather``) to batch them.
+    The client binds to the event loop it is first used on. See :class:`PublisherClient` for the
+    arguments.
+    """
+
+    def __init__(
+        self,
+        hedging_settings: HedgingSettings | None = None,
+        batch_settings: BatchSettings = _DEFAULT_BATCH,
+        retry_settings: RetrySettings = _DEFAULT_RETRY,
+        flow_control: FlowControlSettings = _DEFAULT_FLOW,
+        enable_message_ordering: bool = False,
+        endpoint: str | None = None,
+        credentials: Any = None,
+        *,
+        transport: Transport | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> None:
+        self._core = _PublisherCore(
+            hedging_settings=hedging_settings,
+            batch_settings=batch_settings,
+            retry_settings=retry_settings,
+            flow_control=flow_control,
+            enable_message_ordering=enable_message_ordering,
+            endpoint=endpoint,
+            credentials=credentials,
+            transport=transport,
+            clock=clock,
+            sync_futures=False,
+        )
+
+    topic_path = staticmethod(topic_path)
+
+    async def publish(self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> str:
+        """Publish one message and return its message ID once its batch is published.
+
+        Raises:
+            TypeError: ``data`` is not bytes, or an attribute value is not text.
+            ValueError: an ordering key without message ordering, or a message too large for a request.
+            RuntimeError: the publisher has been shut down.
+            FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
+            PublishError: the publish failed (RpcError, PublishTimeoutError, OrderingKeyPausedError, ...).
+        """
+        core = self._core
+        core.bind_running_loop()
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError("publish() called after shutdown()")
+        message, size, framed = core.prepare(topic, data, ordering_key, attributes)
+        if core.flow.enabled:
+            await core.flow.acquire_async(size)
+            try:
+                future = core.add(topic, data, ordering_key, message, size, framed)
+            except BaseException:
+                core.flow.release(1, size)
+                raise
+        else:
+            future = core.add(topic, data, ordering_key, message, size, framed)
+        return await future  # type: ignore[no-any-return]
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Resume publishing on ``ordering_key`` after a failure paused it."""
+        self._core.resume(topic, ordering_key)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the publisher's counters and batch latency percentiles."""
+        return self._core.stats()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting messages, publish every pending batch and wait for every message.
+
+        With ``timeout`` (seconds), messages still unpublished when it runs out fail with
+        :class:`~hedgepub.ShutdownTimeoutError` and their attempts are cancelled. Calling it again waits
+        for the first call.
+        """
+        core = self._core
+        if core._loop is None:
+            core.bind_running_loop()
+        await core.shutdown(timeout)
+
+    async def __aenter__(self) -> AsyncPublisherClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"AsyncPublisherClient(state={self._core.state.value}, hedging={self._core.hedging!r})"
+
+
+class PublisherClient:
+    """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
+
+    ``publisher.publish(topic, b"data", **attributes)`` returns a :class:`concurrent.futures.Future`
+    whose result is the message ID. The client runs its asyncio core on a private event-loop thread;
+    it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait.
+
+    Args:
+        hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.
+        batch_settings: when a batch is sent (count, bytes, latency).
+        retry_settings: retry codes, back-off, per-attempt and total timeouts.
+        flow_control: limits on outstanding messages and what to do at the limit.
+        enable_message_ordering: deliver messages with the same ordering key in order (no hedging).
+        endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport` for TLS or plain text.
+            Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
+        credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
+    """
+
+    def __init__(
+        self,
+        hedging_settings: HedgingSettings | None = None,
+        batch_settings: BatchSettings = _DEFAULT_BATCH,
+        retry_settings: RetrySettings = _DEFAULT_RETRY,
+        flow_control: FlowControlSettings = _DEFAULT_FLOW,
+        enable_message_ordering: bool = False,
+        endpoint: str | None = None,
+        credentials: Any = None,
+        *,
+        transport: Transport | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> None:
+        self._core = _PublisherCore(
+            hedging_settings=hedging_settings,
+            batch_settings=batch_settings,
+            retry_settings=retry_settings,
+            flow_control=flow_control,
+            enable_message_ordering=enable_message_ordering,
+            endpoint=endpoint,
+            credentials=credentials,
+            transport=transport,
+            clock=clock,
+            sync_futures=True,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="hedgepub-publisher", daemon=True)
+        self._shutdown_lock = threading.Lock()
+        self._closed = False
+        self._thread.start()
+        started = concurrent.futures.Future()  # type: ignore[var-annotated]
+        self._loop.call_soon_threadsafe(lambda: started.set_result(threading.get_ident()))
+        self._core.bind(self._loop, started.result())
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    topic_path = staticmethod(topic_path)
+
+    def publish(
+        self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
+    ) -> concurrent.futures.Future[str]:
+        """Publish one message; the future's result is its message ID.
+
+        Raises at once (the future carries publish failures):
+            TypeError: ``data`` is not bytes, or an attribute value is not text.
+            ValueError: an ordering key without message ordering, or a message too large for a request.
+            RuntimeError: the publisher has been shut down.
+            FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
+        """
+        core = self._core
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError("publish() called after shutdown()")
+        message, size, framed = core.prepare(topic, data, ordering_key, attributes)
+        if core.flow.enabled:
+            core.flow.acquire(size)
+            try:
+                return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
+            except BaseException:
+                core.flow.release(1, size)
+                raise
+        return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Resume publishing on ``ordering_key`` after a failure paused it."""
+        self._core.resume(topic, ordering_key)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the publisher's counters and batch latency percentiles."""
+        return self._core.stats()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.
+
+        With ``timeout`` (seconds), messages still unpublished when it runs out fail with
+        :class:`~hedgepub.ShutdownTimeoutError` and their attempts are cancelled. No future is left
+        pending. Safe to call more than once.
+        """
+        if threading.get_ident() == self._core._loop_thread:
+            raise RuntimeError("shutdown() cannot be called from a publish future's callback")
+        with self._shutdown_lock:
+            if self._closed:
+                return
+            try:
+                asyncio.run_coroutine_threadsafe(self._core.shutdown(timeout), self._loop).result()
+            finally:
+                self._closed = True
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
+
+    def __enter__(self) -> PublisherClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"PublisherClient(state={self._core.state.value}, hedging={self._core.hedging!r})"

@@ -1,0 +1,116 @@
+"""Publisher statistics: counters and batch-latency percentiles from an HDR histogram."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from hdrh.histogram import HdrHistogram
+
+# Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
+_LOWEST_US = 1
+_HIGHEST_US = 3_600_000_000
+_SIGNIFICANT_DIGITS = 3
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    """A snapshot of what a publisher has done since it was created.
+
+    Attributes:
+        messages_published: messages whose future resolved with a message ID.
+        messages_failed: messages whose future resolved with an error (after validation passed).
+        batches_sent: batches that went through the hedging engine (one Publish request each, plus
+            its retries and hedges).
+        attempts_sent: Publish RPCs sent: originals, retries and hedges.
+        hedges_sent: hedged attempts sent.
+        hedges_won: batches whose winning attempt was a hedge.
+        hedges_skipped: hedge points where no token was available.
+        tokens_available: tokens in the hedging bucket now (0.0 when hedging is off).
+        p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
+            to the batch's resolution, over every batch sent (successful or not), in milliseconds.
+    """
+
+    messages_published: int = 0
+    messages_failed: int = 0
+    batches_sent: int = 0
+    attempts_sent: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    hedges_skipped: int = 0
+    tokens_available: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    p999_ms: float = 0.0
+    max_ms: float = 0.0
+
+
+class StatsRecorder:
+    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._histogram = HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+        self.messages_published = 0
+        self.messages_failed = 0
+        self.batches_sent = 0
+        self.attempts_sent = 0
+        self.hedges_sent = 0
+        self.hedges_won = 0
+        self.hedges_skipped = 0
+
+    def record_batch(
+        self,
+        *,
+        messages: int,
+        ok: bool,
+        attempts: int,
+        hedges: int,
+        hedge_won: bool,
+        hedges_skipped: int,
+        latency: float,
+    ) -> None:
+        """Count one batch that went through the engine."""
+        micros = min(max(round(latency * 1_000_000), _LOWEST_US), _HIGHEST_US)
+        with self._lock:
+            if ok:
+                self.messages_published += messages
+            else:
+                self.messages_failed += messages
+            self.batches_sent += 1
+            self.attempts_sent += attempts
+            self.hedges_sent += hedges
+            self.hedges_won += int(hedge_won)
+            self.hedges_skipped += hedges_skipped
+            self._histogram.record_value(micros)
+
+    def record_failed(self, messages: int) -> None:
+        """Count messages that failed without a batch reaching the engine (paused key, shutdown)."""
+        with self._lock:
+            self.messages_failed += messages
+
+    def snapshot(self, tokens_available: float) -> PublisherStats:
+        """The counters and percentiles now."""
+        with self._lock:
+            histogram = self._histogram
+            empty = histogram.get_total_count() == 0
+
+            def percentile(value: float) -> float:
+                return 0.0 if empty else histogram.get_value_at_percentile(value) / 1000.0
+
+            return PublisherStats(
+                messages_published=self.messages_published,
+                messages_failed=self.messages_failed,
+                batches_sent=self.batches_sent,
+                attempts_sent=self.attempts_sent,
+                hedges_sent=self.hedges_sent,
+                hedges_won=self.hedges_won,
+                hedges_skipped=self.hedges_skipped,
+                tokens_available=tokens_available,
+                p50_ms=percentile(50),
+                p90_ms=percentile(90),
+                p99_ms=percentile(99),
+                p999_ms=percentile(99.9),
+                max_ms=0.0 if empty else histogram.get_max_value() / 1000.0,
+            )

@@ -1,0 +1,282 @@
+"""The transport: where the publisher meets gRPC.
+
+Everything gRPC-specific about publishing lives here, behind a one-method seam
+(:class:`Transport`): *publish this request, with this metadata, within this timeout, and give me the
+message IDs*. The real implementation (:class:`GrpcTransport`) calls ``google.pubsub.v1.Publisher/Publish``
+on a ``grpc.aio`` channel with the raw protobuf classes (never the proto-plus wrappers, which are several
+times slower); :class:`ScriptedTransport` answers from a script, for unit tests on virtual time.
+
+Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
+
+1. an explicit ``endpoint`` wins. ``"https://host[:port]"`` means TLS, ``"http://host:port"`` means
+   plain text; a bare ``"host:port"`` means TLS when the port is 443 or ``credentials`` were given, plain
+   text otherwise (emulators and local servers listen on other ports);
+2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
+3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
+   with Application Default Credentials found by google-auth.
+
+gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
+
+    grpc.aio.AioRpcError(code=grpc.StatusCode.X)  ->  hedgepub.RpcError(StatusCode.X, details)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import grpc
+import grpc.aio
+from google.pubsub_v1.types import pubsub as _pubsub_types
+
+from hedgepub._exceptions import RpcError
+from hedgepub._status import StatusCode
+
+#: Raw protobuf classes of the Publish RPC (``Message.pb()`` with no argument returns the raw class).
+PublishRequestPb: Any = _pubsub_types.PublishRequest.pb()
+PublishResponsePb: Any = _pubsub_types.PublishResponse.pb()
+PubsubMessagePb: Any = _pubsub_types.PubsubMessage.pb()
+
+#: The Google Cloud Pub/Sub endpoint used when neither an endpoint nor an emulator is configured.
+DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
+#: The environment variable every official client reads to find an emulator.
+EMULATOR_HOST_ENV = "PUBSUB_EMULATOR_HOST"
+#: OAuth scopes asked for when Application Default Credentials are used.
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/pubsub")
+PUBLISH_METHOD = "/google.pubsub.v1.Publisher/Publish"
+
+#: A message may be up to 10 MB and a request a little more; leave head room over both.
+MAX_MESSAGE_LENGTH = 20 * 1024 * 1024
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
+    # Pings every 30 s keep long-idle connections through NATs and load balancers alive; servers
+    # (including Google's) accept this rate while calls are open.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+)
+
+Metadata = Sequence[tuple[str, str]]
+
+_GRPC_TO_STATUS: dict[grpc.StatusCode, StatusCode] = {
+    code: StatusCode(code.value[0]) for code in grpc.StatusCode
+}
+
+
+def map_rpc_error(error: grpc.RpcError) -> RpcError:
+    """Translate a gRPC error into hedgepub's :class:`~hedgepub.RpcError` (the one place this happens).
+
+    A status that is not a failure (``OK``, which a broken server could send with no response) becomes
+    ``UNKNOWN``, because the caller has no message IDs.
+    """
+    code_method = getattr(error, "code", None)
+    grpc_code = code_method() if callable(code_method) else None
+    code = _GRPC_TO_STATUS.get(grpc_code, StatusCode.UNKNOWN)  # type: ignore[arg-type]
+    if code is StatusCode.OK:
+        code = StatusCode.UNKNOWN
+    details_method = getattr(error, "details", None)
+    details = details_method() if callable(details_method) else str(error)
+    return RpcError(code, details or "")
+
+
+def request_metadata(topic: str, batch_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata of one attempt (spec rule 8): routing header, batch id, attempt number."""
+    return (
+        ("x-goog-request-params", "topic=" + quote(topic, safe="/")),
+        ("hedgepub-batch-id", batch_id),
+        ("hedgepub-attempt", str(attempt)),
+    )
+
+
+class Transport(Protocol):
+    """Sends one Publish request; the seam between the publisher and the network."""
+
+    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+        """Publish ``request`` (a raw ``PublishRequest``) and return its message IDs.
+
+        Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
+        """
+
+    async def close(self) -> None:
+        """Release the connection."""
+
+
+@dataclass(frozen=True)
+class ChannelTarget:
+    """Where to connect, and whether over TLS with credentials."""
+
+    target: str
+    secure: bool
+
+
+def resolve_endpoint(
+    endpoint: str | None = None, *, credentials: object | None = None, environ: Any = None
+) -> ChannelTarget:
+    """Decide the channel target: explicit ``endpoint``, else ``PUBSUB_EMULATOR_HOST``, else Google.
+
+    See the module docstring for how an explicit endpoint chooses TLS or plain text.
+    """
+    environ = os.environ if environ is None else environ
+    if endpoint:
+        if endpoint.startswith("https://"):
+            host = endpoint[len("https://") :].rstrip("/")
+            return ChannelTarget(host if _has_port(host) else host + ":443", secure=True)
+        if endpoint.startswith("http://"):
+            return ChannelTarget(endpoint[len("http://") :].rstrip("/"), secure=False)
+        secure = credentials is not None or endpoint.endswith(":443") or not _has_port(endpoint)
+        target = endpoint if _has_port(endpoint) else endpoint + ":443"
+        return ChannelTarget(target, secure=secure)
+    emulator = environ.get(EMULATOR_HOST_ENV)
+    if emulator:
+        return ChannelTarget(emulator, secure=False)
+    return ChannelTarget(DEFAULT_ENDPOINT, secure=True)
+
+
+def _has_port(host: str) -> bool:
+    if host.startswith("["):  # bracketed IPv6 literal
+        return "]:" in host
+    return host.count(":") == 1
+
+
+def create_channel(target: ChannelTarget, credentials: object | None = None) -> grpc.aio.Channel:
+    """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
+
+    A secure channel carries google-auth credentials: the ones given, or Application Default
+    Credentials.
+    """
+    if not target.secure:
+        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS)
+    import google.auth
+    import google.auth.transport.grpc
+    import google.auth.transport.requests
+
+    if credentials is None:
+        credentials, _project = google.auth.default(scopes=SCOPES)
+    plugin = google.auth.transport.grpc.AuthMetadataPlugin(
+        credentials, google.auth.transport.requests.Request()
+    )
+    channel_credentials = grpc.composite_channel_credentials(
+        grpc.ssl_channel_credentials(), grpc.metadata_call_credentials(plugin)
+    )
+    return grpc.aio.secure_channel(target.target, channel_credentials, options=CHANNEL_OPTIONS)
+
+
+class GrpcTransport:
+    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+        self._publish = channel.unary_unary(
+            PUBLISH_METHOD,
+            request_serializer=PublishRequestPb.SerializeToString,
+            response_deserializer=PublishResponsePb.FromString,
+        )
+
+    @classmethod
+    def connect(cls, endpoint: str | None = None, credentials: object | None = None) -> GrpcTransport:
+        """Resolve the endpoint and open a channel to it (inside the event loop that will use it)."""
+        return cls(create_channel(resolve_endpoint(endpoint, credentials=credentials), credentials))
+
+    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+        """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
+        call = self._publish(request, timeout=timeout, metadata=metadata)
+        try:
+            response = await call
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            raise map_rpc_error(error) from error
+        return list(response.message_ids)
+
+    async def close(self) -> None:
+        """Close the channel; RPCs still running are cancelled."""
+        await self._channel.close()
+
+    def __repr__(self) -> str:
+        return f"GrpcTransport({self._channel!r})"
+
+
+@dataclass
+class ScriptedCall:
+    """One Publish the scripted transport received: what was sent and how it ended."""
+
+    request: Any
+    metadata: dict[str, str]
+    timeout: float
+    outcome: str = "pending"  # "ok", "error", "cancelled" once finished
+
+
+#: A step of a script: a result (message IDs, an exception to raise), or a callable producing one.
+ScriptStep = Callable[[ScriptedCall], Awaitable[Sequence[str]]]
+
+
+class ScriptedTransport:
+    """A transport that answers from a script instead of the network, for unit tests.
+
+    Each call takes the next step of ``script`` (or ``default`` when the script is empty): an async
+    callable receiving the :class:`ScriptedCall`. Helpers build the usual steps: :meth:`ok` answers with
+    one ID per message after an optional delay (on the running loop's clock, virtual in tests);
+    :meth:`fail` raises an :class:`~hedgepub.RpcError` after a delay.
+    """
+
+    def __init__(self, script: Iterable[ScriptStep] = (), default: ScriptStep | None = None) -> None:
+        self.script: collections.deque[ScriptStep] = collections.deque(script)
+        self.default = default if default is not None else self.ok()
+        self.calls: list[ScriptedCall] = []
+        self.closed = False
+        self._next_id = 0
+
+    def next_ids(self, count: int) -> list[str]:
+        """``count`` fresh message IDs."""
+        first = self._next_id
+        self._next_id += count
+        return [str(number) for number in range(first, first + count)]
+
+    def ok(self, delay: float = 0.0) -> ScriptStep:
+        """A step that succeeds after ``delay`` seconds."""
+
+        async def step(call: ScriptedCall) -> Sequence[str]:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            return self.next_ids(len(call.request.messages))
+
+        return step
+
+    def fail(self, code: StatusCode, delay: float = 0.0, message: str = "scripted") -> ScriptStep:
+        """A step that fails with ``code`` after ``delay`` seconds."""
+
+        async def step(call: ScriptedCall) -> Sequence[str]:
+            if delay > 0:
+                await asyncio.sleep(delay)
+            raise RpcError(code, message)
+
+        return step
+
+    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+        """Run the next step of the script, bounded by ``timeout`` like a real RPC."""
+        call = ScriptedCall(request=request, metadata=dict(metadata), timeout=timeout)
+        self.calls.append(call)
+        step = self.script.popleft() if self.script else self.default
+        try:
+            ids = await asyncio.wait_for(step(call), timeout)
+        except asyncio.CancelledError:
+            call.outcome = "cancelled"
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            call.outcome = "error"
+            raise RpcError(StatusCode.DEADLINE_EXCEEDED, "scripted deadline") from None
+        except BaseException:
+            call.outcome = "error"
+            raise
+        call.outcome = "ok"
+        return list(ids)
+
+    async def close(self) -> None:
+        """Mark the transport closed."""
+        self.closed = True
