@@ -1,0 +1,128 @@
+"""Shared fixtures for the server tests: servers on both stores, raw gRPC calls, official clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.cloud import pubsub_v1
+from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.protobuf import empty_pb2
+from google.pubsub_v1.types import pubsub as types
+
+from hedgepub.server import LocalServer
+
+PROJECT = "projects/test-project"
+TOPIC = f"{PROJECT}/topics/orders"
+SUBSCRIPTION = f"{PROJECT}/subscriptions/orders-sub"
+
+_RESPONSES: dict[str, Any] = {
+    "CreateTopic": types.Topic.pb(),
+    "UpdateTopic": types.Topic.pb(),
+    "GetTopic": types.Topic.pb(),
+    "Publish": types.PublishResponse.pb(),
+    "ListTopics": types.ListTopicsResponse.pb(),
+    "ListTopicSubscriptions": types.ListTopicSubscriptionsResponse.pb(),
+    "DeleteTopic": empty_pb2.Empty,
+    "DetachSubscription": types.DetachSubscriptionResponse.pb(),
+    "CreateSubscription": types.Subscription.pb(),
+    "GetSubscription": types.Subscription.pb(),
+    "UpdateSubscription": types.Subscription.pb(),
+    "ListSubscriptions": types.ListSubscriptionsResponse.pb(),
+    "DeleteSubscription": empty_pb2.Empty,
+    "Pull": types.PullResponse.pb(),
+    "Acknowledge": empty_pb2.Empty,
+    "ModifyAckDeadline": empty_pb2.Empty,
+    "StreamingPull": types.StreamingPullResponse.pb(),
+    "GetIamPolicy": policy_pb2.Policy,
+    "SetIamPolicy": policy_pb2.Policy,
+    "TestIamPermissions": iam_policy_pb2.TestIamPermissionsResponse,
+}
+_SERVICES = {name: "google.pubsub.v1.Publisher" for name in list(_RESPONSES)[:8]}
+_SERVICES.update({name: "google.pubsub.v1.Subscriber" for name in list(_RESPONSES)[8:17]})
+_SERVICES.update({name: "google.iam.v1.IAMPolicy" for name in list(_RESPONSES)[17:]})
+
+
+class RawClient:
+    """Calls the server's RPCs with raw protobuf requests, the way a hand-written client would."""
+
+    def __init__(self, address: str) -> None:
+        options = [
+            ("grpc.max_send_message_length", 30_000_000),
+            ("grpc.max_receive_message_length", 30_000_000),
+        ]
+        self.channel = grpc.insecure_channel(address, options=options)
+
+    def call(self, method: str, request: Any, timeout: float = 10.0) -> Any:
+        """Call ``method`` (short name) and return its response; raises ``grpc.RpcError``."""
+        stub = self.channel.unary_unary(
+            f"/{_SERVICES[method]}/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=_RESPONSES[method].FromString,
+        )
+        return stub(request, timeout=timeout)
+
+    def error(self, method: str, request: Any) -> grpc.RpcError:
+        """Call ``method`` expecting a failure; return the error."""
+        with pytest.raises(grpc.RpcError) as caught:
+            self.call(method, request)
+        return caught.value
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def server(
+    request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LocalServer]:
+    """A running server on each store, with PUBSUB_EMULATOR_HOST pointing at it."""
+    if request.param == "memory":
+        local = LocalServer(in_memory=True)
+    else:
+        local = LocalServer(data_dir=tmp_path / "data")
+    with local:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
+        yield local
+
+
+@pytest.fixture
+def raw(pubsub_server: LocalServer) -> Iterator[RawClient]:
+    """A raw gRPC client of an in-memory server."""
+    client = RawClient(pubsub_server.address)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def publisher() -> Iterator[pubsub_v1.PublisherClient]:
+    """The official publisher client (reads PUBSUB_EMULATOR_HOST)."""
+    client = pubsub_v1.PublisherClient()
+    yield client
+    client.stop()
+
+
+@pytest.fixture
+def subscriber() -> Iterator[pubsub_v1.SubscriberClient]:
+    """The official subscriber client (reads PUBSUB_EMULATOR_HOST)."""
+    client = pubsub_v1.SubscriberClient()
+    yield client
+    client.close()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., bool]:
+    """Poll a condition until it holds (or 10 s pass); only where a real client's threads do the work."""
+    return _wait_for
