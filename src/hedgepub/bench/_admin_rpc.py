@@ -131,6 +131,11 @@ class AdminClient:
         request = _Subscription(name=subscription, topic=topic, ack_deadline_seconds=ack_deadline_seconds)
         return self._call(_SUBSCRIBER + "CreateSubscription", request, _Subscription)
 
+    def get_subscription(self, subscription: str) -> Any:
+        """The ``Subscription`` message of ``subscription``."""
+        request = pubsub_types.GetSubscriptionRequest.pb()(subscription=subscription)
+        return self._call(_SUBSCRIBER + "GetSubscription", request, _Subscription)
+
     def delete_subscription(self, subscription: str) -> None:
         """Delete ``subscription``."""
         request = pubsub_types.DeleteSubscriptionRequest.pb()(subscription=subscription)

@@ -18,7 +18,7 @@ import datetime
 import math
 import os
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -160,7 +160,7 @@ async def _warm_up(
     """Publish with no injected latency until the hedged bucket is full; returns publishes per client."""
     target = config.warmup_target()
     hedged = clients["hedged"]
-    progress.phase("warm-up (fills the token bucket)", target)
+    progress.phase("warm-up", target)
     done = 0
     while done < target:
         if config.warmup is None and hedged.stats().tokens_available >= config.max_tokens:
@@ -189,7 +189,7 @@ async def _measure(
     orders = pair_orders(config.messages, PUBLISHERS, seed=config.seed)
     recorders = {name: LatencyRecorder() for name in PUBLISHERS}
     failures = dict.fromkeys(PUBLISHERS, 0)
-    progress.phase("publishing, unhedged and hedged side by side", config.messages * len(PUBLISHERS))
+    progress.phase("publishing", config.messages * len(PUBLISHERS))
 
     async def publish_one(name: str, index: int) -> None:
         started = loop.time()
@@ -274,12 +274,13 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
             server.faults.set("Publish", FaultRule(latency=mix))
             recorders, failures, lag_ms = await _measure(clients, topics, config, progress)
             counters = {name: _Counters.of(client) - before[name] for name, client in clients.items()}
+            measure_end = loop.time()
         finally:
             for client in clients.values():
                 await client.shutdown(timeout=30.0)
         # a losing attempt the server keeps working on after its caller gave up could still be stored
-        progress.phase("waiting for the server to finish in-flight publishes", None)
-        await _drain(server, mix)
+        progress.phase("draining", None)
+        await _drain(measure_end, mix)
         server.faults.set("Publish", None)
         results: dict[str, PublisherResult] = {}
         missing: dict[str, int] = {}
@@ -306,14 +307,15 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
     )
 
 
-async def _drain(server: Any, mix: LatencyMix) -> None:
-    """Wait until the server has finished every call still in flight (or the longest injected delay)."""
-    longest = _longest_delay(mix)
-    wait_until_idle: Callable[[float], Any] | None = getattr(server, "wait_until_idle", None)
-    if wait_until_idle is not None:
-        await asyncio.get_running_loop().run_in_executor(None, wait_until_idle, longest + 2.0)
-    else:
-        await asyncio.sleep(longest + 0.5)
+async def _drain(measure_end: float, mix: LatencyMix) -> None:
+    """Wait until every attempt the server may still be delaying has reached its handler.
+
+    Every attempt was sent before its publish resolved, so none is delayed past the end of the measured
+    period plus the mix's longest delay. A losing attempt whose cancellation the server missed is stored
+    by then, and counted as a duplicate.
+    """
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, measure_end + _longest_delay(mix) + 0.25 - loop.time()))
 
 
 def _longest_delay(mix: LatencyMix) -> float:

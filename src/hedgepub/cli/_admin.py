@@ -1,0 +1,362 @@
+"""The Pub/Sub toolbox: ``topics``, ``subscriptions``, ``publish`` and ``pull`` against an emulator.
+
+Every command talks to the server named by ``--endpoint`` or, without it, ``PUBSUB_EMULATOR_HOST``
+(``host:port``, plain text), in the project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then
+``GOOGLE_CLOUD_PROJECT``, then ``local-project``). Topics and subscriptions are given as short IDs or as
+full paths (``projects/P/topics/T``).
+
+Exit codes:
+
+====  ==================================================================
+0     done
+1     the server refused the request (another status code), or a publish failed
+2     bad usage: unknown option, malformed value, no endpoint given
+3     no server answers at the endpoint
+4     the topic or subscription does not exist (NOT_FOUND)
+5     the topic or subscription already exists (ALREADY_EXISTS)
+====  ==================================================================
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import click
+
+from hedgepub import PublishError, RetrySettings, StatusCode
+from hedgepub.bench import AdminClient, default_project, resource_path
+from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NOT_FOUND = 4
+EXIT_ALREADY_EXISTS = 5
+
+_EXIT_BY_CODE = {
+    StatusCode.UNAVAILABLE: EXIT_UNREACHABLE,
+    StatusCode.NOT_FOUND: EXIT_NOT_FOUND,
+    StatusCode.ALREADY_EXISTS: EXIT_ALREADY_EXISTS,
+}
+
+#: Shown under every toolbox command's --help.
+EXIT_CODES_HELP = (
+    "Exit codes: 0 done; 1 refused by the server or publish failed; 2 bad usage; "
+    "3 no server at the endpoint; 4 not found; 5 already exists."
+)
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+class _Target:
+    """Where a command sends its requests: endpoint, project and per-call timeout."""
+
+    def __init__(self, endpoint: str | None, project: str, timeout: float) -> None:
+        if not endpoint:
+            raise click.UsageError(
+                f"no Pub/Sub server given: pass --endpoint HOST:PORT or set {EMULATOR_HOST_VARIABLE}"
+            )
+        self.endpoint = endpoint
+        self.project = project
+        self.timeout = timeout
+
+    def path(self, kind: str, name: str) -> str:
+        """The full path of a topic or subscription given as a short ID or a path."""
+        try:
+            return resource_path(self.project, kind, name)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+
+    def admin(self) -> AdminClient:
+        """An admin client for this target (close it, or use it in a ``with``)."""
+        return AdminClient(self.endpoint, timeout=self.timeout)
+
+
+def _connection_options(command: _Command) -> _Command:
+    """Add --endpoint, --project and --timeout to ``command``, passed on as one ``target``."""
+
+    options = [
+        click.option(
+            "--endpoint",
+            envvar=EMULATOR_HOST_VARIABLE,
+            show_envvar=True,
+            metavar="HOST:PORT",
+            help="The Pub/Sub emulator to talk to (plain text).",
+        ),
+        click.option(
+            "--project",
+            default=default_project,
+            show_default="PUBSUB_PROJECT_ID, GOOGLE_CLOUD_PROJECT or local-project",
+            help="Project of short topic and subscription IDs.",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=10.0,
+            show_default=True,
+            help="Seconds each request may take.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@contextlib.contextmanager
+def _errors_to_exit_codes(target: _Target, what: str = "") -> Iterator[None]:
+    """Turn a failed request into a one-line message on stderr and the documented exit code."""
+    try:
+        yield
+    except PublishError as error:
+        code = error.code
+        if code is StatusCode.UNAVAILABLE:
+            message = f"cannot reach a Pub/Sub server at {target.endpoint} ({error})"
+        elif code is StatusCode.NOT_FOUND:
+            message = f"{what or 'resource'} not found: {error}"
+        elif code is StatusCode.ALREADY_EXISTS:
+            message = f"{what or 'resource'} already exists: {error}"
+        else:
+            message = str(error)
+        click.echo(f"error: {message}", err=True)
+        raise click.exceptions.Exit(_EXIT_BY_CODE.get(code, EXIT_FAILED)) from None  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------- topics
+@click.group()
+def topics() -> None:
+    """Create, list and delete topics."""
+
+
+@topics.command("create", epilog=EXIT_CODES_HELP)
+@click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
+@_connection_options
+def topics_create(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+    """Create each TOPIC (short ID or full path) and print its path."""
+    target = _Target(endpoint, project, timeout)
+    with target.admin() as admin:
+        for name in names:
+            path = target.path("topics", name)
+            with _errors_to_exit_codes(target, f"topic {path}"):
+                click.echo(admin.create_topic(path).name)
+
+
+@topics.command("list", epilog=EXIT_CODES_HELP)
+@_connection_options
+def topics_list(endpoint: str | None, project: str, timeout: float) -> None:
+    """Print the path of every topic of the project, one a line."""
+    target = _Target(endpoint, project, timeout)
+    with target.admin() as admin, _errors_to_exit_codes(target, f"project {project}"):
+        for topic in admin.list_topics(project):
+            click.echo(topic.name)
+
+
+@topics.command("delete", epilog=EXIT_CODES_HELP)
+@click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
+@_connection_options
+def topics_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+    """Delete each TOPIC (short ID or full path)."""
+    target = _Target(endpoint, project, timeout)
+    with target.admin() as admin:
+        for name in names:
+            path = target.path("topics", name)
+            with _errors_to_exit_codes(target, f"topic {path}"):
+                admin.delete_topic(path)
+            click.echo(f"deleted {path}")
+
+
+# --------------------------------------------------------------------------------------------- subscriptions
+@click.group()
+def subscriptions() -> None:
+    """Create, list and delete subscriptions."""
+
+
+@subscriptions.command("create", epilog=EXIT_CODES_HELP)
+@click.argument("name", metavar="SUBSCRIPTION")
+@click.option("--topic", required=True, help="The topic to subscribe to (short ID or full path).")
+@click.option(
+    "--ack-deadline",
+    type=click.IntRange(10, 600),
+    default=10,
+    show_default=True,
+    help="Seconds a pulled message stays leased before it is delivered again.",
+)
+@_connection_options
+def subscriptions_create(
+    name: str, topic: str, ack_deadline: int, endpoint: str | None, project: str, timeout: float
+) -> None:
+    """Create SUBSCRIPTION on --topic and print its path."""
+    target = _Target(endpoint, project, timeout)
+    path = target.path("subscriptions", name)
+    topic_path = target.path("topics", topic)
+    with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path} or topic {topic_path}"):
+        created = admin.create_subscription(path, topic_path, ack_deadline_seconds=ack_deadline)
+        click.echo(created.name)
+
+
+@subscriptions.command("list", epilog=EXIT_CODES_HELP)
+@_connection_options
+def subscriptions_list(endpoint: str | None, project: str, timeout: float) -> None:
+    """Print every subscription of the project and its topic, one a line."""
+    target = _Target(endpoint, project, timeout)
+    with target.admin() as admin, _errors_to_exit_codes(target, f"project {project}"):
+        for subscription in admin.list_subscriptions(project):
+            click.echo(f"{subscription.name}\t{subscription.topic}")
+
+
+@subscriptions.command("delete", epilog=EXIT_CODES_HELP)
+@click.argument("names", nargs=-1, required=True, metavar="SUBSCRIPTION...")
+@_connection_options
+def subscriptions_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+    """Delete each SUBSCRIPTION (short ID or full path)."""
+    target = _Target(endpoint, project, timeout)
+    with target.admin() as admin:
+        for name in names:
+            path = target.path("subscriptions", name)
+            with _errors_to_exit_codes(target, f"subscription {path}"):
+                admin.delete_subscription(path)
+            click.echo(f"deleted {path}")
+
+
+# ---------------------------------------------------------------------------------------------------- publish
+def _parse_attributes(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    attributes: dict[str, str] = {}
+    for value in values:
+        key, separator, text = value.partition("=")
+        if not separator or not key:
+            raise click.BadParameter(f"{value!r} is not KEY=VALUE")
+        attributes[key] = text
+    return attributes
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("topic")
+@click.argument("data")
+@click.option(
+    "--attr",
+    "attributes",
+    multiple=True,
+    callback=_parse_attributes,
+    metavar="KEY=VALUE",
+    help="A message attribute; repeat for more.",
+)
+@click.option(
+    "--count", type=click.IntRange(min=1), default=1, show_default=True, help="Publish DATA this many times."
+)
+@_connection_options
+def publish(
+    topic: str,
+    data: str,
+    attributes: dict[str, str],
+    count: int,
+    endpoint: str | None,
+    project: str,
+    timeout: float,
+) -> None:
+    """Publish DATA (text, sent as UTF-8) to TOPIC and print each message ID.
+
+    Publishes through hedgepub's PublisherClient, retrying transient errors for at most --timeout
+    seconds in all.
+    """
+    from hedgepub import PublisherClient  # the publisher is only needed here
+
+    target = _Target(endpoint, project, timeout)
+    path = target.path("topics", topic)
+    # GetTopic first: an absent server or topic is then reported at once instead of after retries
+    with target.admin() as admin, _errors_to_exit_codes(target, f"topic {path}"):
+        admin.get_topic(path)
+    retry = RetrySettings(initial_rpc_timeout=min(5.0, timeout), total_timeout=timeout)
+    payload = data.encode("utf-8")
+    failures = 0
+    with PublisherClient(retry_settings=retry, endpoint=target.endpoint) as client:
+        futures = [client.publish(path, payload, **attributes) for _ in range(count)]
+        for future in futures:
+            try:
+                click.echo(future.result())
+            except PublishError as error:
+                failures += 1
+                last_error = error
+            except concurrent.futures.CancelledError:
+                failures += 1
+                last_error = PublishError("publish cancelled")
+    if failures:
+        with _errors_to_exit_codes(target, f"topic {path}"):
+            click.echo(f"{failures} of {count} publishes failed", err=True)
+            raise last_error
+
+
+# ------------------------------------------------------------------------------------------------------- pull
+def _describe(received: Any, as_json: bool) -> str:
+    message = received.message
+    data = message.data.decode("utf-8", errors="backslashreplace")
+    if as_json:
+        return json.dumps(
+            {
+                "message_id": message.message_id,
+                "data": data,
+                "attributes": dict(message.attributes),
+                "ordering_key": message.ordering_key,
+                "publish_time": message.publish_time.ToJsonString(),
+                "delivery_attempt": received.delivery_attempt,
+            }
+        )
+    attributes = " ".join(f"{key}={value}" for key, value in sorted(message.attributes.items()))
+    return f"{message.message_id}\t{data}" + (f"\t{attributes}" if attributes else "")
+
+
+@click.command(epilog=EXIT_CODES_HELP)
+@click.argument("subscription")
+@click.option(
+    "--max",
+    "max_messages",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="Most messages to pull.",
+)
+@click.option("--ack", is_flag=True, help="Acknowledge the pulled messages, so they are not delivered again.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="Seconds to wait for the first message.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per message.")
+@_connection_options
+def pull(
+    subscription: str,
+    max_messages: int,
+    ack: bool,
+    wait: float,
+    as_json: bool,
+    endpoint: str | None,
+    project: str,
+    timeout: float,
+) -> None:
+    """Pull up to --max messages from SUBSCRIPTION and print them: ID, data and attributes, one a line.
+
+    Without --ack the messages are delivered again once their ack deadline passes.
+    """
+    target = _Target(endpoint, project, timeout)
+    path = target.path("subscriptions", subscription)
+    received: list[Any] = []
+    with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path}"):
+        admin.get_subscription(path)
+        batch = admin.pull(path, max_messages, wait=wait)
+        # a Pull may answer with only part of what is there; ask again while it keeps answering
+        while batch:
+            received.extend(batch)
+            if len(received) >= max_messages:
+                break
+            batch = admin.pull(path, max_messages - len(received), wait=min(wait, 0.2))
+        for message in received:
+            click.echo(_describe(message, as_json))
+        if ack and received:
+            admin.acknowledge(path, [message.ack_id for message in received])
+    if not received:
+        click.echo("no messages", err=True)

@@ -1,0 +1,71 @@
+"""``hedgepub bench`` end to end: a short run on the in-process server, and its option checks."""
+
+from __future__ import annotations
+
+import json
+
+from hedgepub.bench import RESULT_KEYS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> None:
+    out = tmp_path / "results"
+    result = hedgepub_cli(
+        "bench",
+        "--messages", "200",
+        "--rate", "200",
+        "--mix", "90%:1ms,10%:1s",
+        "--hedge-delay", "0.1",
+        "--max-tokens", "10",
+        "--warmup", "120",
+        "--seed", "7",
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "hedged / unhedged" in result.output
+    assert "p99.9 latency (ms)" in result.output
+
+    document = json.loads((out / "results.json").read_text())
+    assert list(document) == ["config", "results"]
+    config = document["config"]
+    assert (config["messages"], config["rate"], config["mix"]) == (200, 200.0, "90%:1ms,10%:1s")
+    assert (config["hedge_delay"], config["max_tokens"], config["warmup_publishes"]) == (0.1, 10, 120)
+    assert list(document["results"]) == ["unhedged", "hedged"]
+    unhedged, hedged = document["results"]["unhedged"], document["results"]["hedged"]
+    for entry in (unhedged, hedged):
+        assert list(entry) == list(RESULT_KEYS)
+        assert entry["published"] == 200
+        assert entry["failed"] == 0
+        assert entry["duplicates"] >= 0
+        assert (
+            0 < entry["p50_ms"] <= entry["p90_ms"] <= entry["p99_ms"] <= entry["p999_ms"] <= entry["max_ms"]
+        )
+
+    assert unhedged["attempts_per_publish"] == 1.0
+    assert (unhedged["hedges_sent"], unhedged["hedges_won"]) == (0, 0)
+    # one publish in ten is delayed by 1 s: the unhedged p99 waits for it, the hedged one does not
+    assert unhedged["p99_ms"] >= 1000
+    assert hedged["hedges_sent"] > 0
+    assert 0 < hedged["hedges_won"] <= hedged["hedges_sent"]
+    assert hedged["attempts_per_publish"] == 1 + hedged["hedges_sent"] / 200
+    assert hedged["p99_ms"] < 0.6 * unhedged["p99_ms"]
+
+    plot = (out / "tail-latency.png").read_bytes()
+    assert plot.startswith(PNG_SIGNATURE)
+    assert len(plot) > 20_000
+
+
+def test_bad_bench_options_are_usage_errors(hedgepub_cli, tmp_path) -> None:
+    for args, message in [
+        (("--hedge-delay", "0.05"), "hedge_delay"),
+        (("--max-tokens", "0"), "max_tokens"),
+        (("--refill-ratio", "0.5"), "refill_ratio"),
+        (("--mix", "95%:5ms,10%:1s"), "more than 100%"),
+        (("--mix", "fast"), "--mix"),
+        (("--rate", "0"), "--rate"),
+    ]:
+        result = hedgepub_cli("bench", *args, "--out", str(tmp_path))
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    assert list(tmp_path.iterdir()) == []
