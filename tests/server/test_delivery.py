@@ -1,0 +1,200 @@
+"""Delivery semantics of the core, on virtual time: deadlines, nacks, ordering, dead letters, flow control."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from google.pubsub_v1.types import pubsub as types
+
+from hedgepub._virtual_time import run_virtual
+from hedgepub.server import MemoryStore, PubSubCore, ServiceError
+
+TOPIC = "projects/p/topics/events"
+SUBSCRIPTION = "projects/p/subscriptions/events-sub"
+DEAD_LETTERS = "projects/p/topics/dead-letters"
+
+Topic: Any = types.Topic.pb()
+Subscription: Any = types.Subscription.pb()
+PubsubMessage: Any = types.PubsubMessage.pb()
+
+
+async def make_core(**subscription: Any) -> PubSubCore:
+    core = PubSubCore(MemoryStore())
+    core.load()
+    await core.create_topic(Topic(name=TOPIC))
+    await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
+    return core
+
+
+async def publish(core: PubSubCore, *data: bytes, key: str = "") -> list[str]:
+    messages = [PubsubMessage(data=item, ordering_key=key) for item in data]
+    return await core.publish(TOPIC, messages, sum(m.ByteSize() for m in messages))
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def test_lease_expiry_redelivers_with_a_new_ack_id_without_anyone_pulling() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, b"one")
+        first = await core.pull(SUBSCRIPTION, 10, 0)
+        assert [r.message.data for r in first] == [b"one"]
+        # A streaming consumer waits; only the timer can hand it the message back.
+        consumer = core.open_consumer(SUBSCRIPTION, 10.0)
+        again = await core.next_batch(SUBSCRIPTION, consumer)
+        assert 10.0 <= now() < 10.1
+        assert again[0].message.message_id == first[0].message.message_id
+        assert again[0].ack_id != first[0].ack_id
+
+    run_virtual(scenario())
+
+
+def test_modify_ack_deadline_extends_and_zero_nacks() -> None:
+    async def scenario() -> None:
+        core = await make_core(ack_deadline_seconds=10)
+        await publish(core, b"one")
+        (lease,) = await core.pull(SUBSCRIPTION, 10, 0)
+        core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 60)
+        await asyncio.sleep(30)
+        assert await core.pull(SUBSCRIPTION, 10, 0) == []
+        core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 0)
+        (again,) = await core.pull(SUBSCRIPTION, 10, 0)
+        assert again.message.data == b"one"
+        assert now() == 30.0
+
+    run_virtual(scenario())
+
+
+def test_acknowledged_messages_never_come_back_and_late_acks_are_ignored() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, b"one", b"two")
+        leases = await core.pull(SUBSCRIPTION, 10, 0)
+        await core.acknowledge(SUBSCRIPTION, [leases[0].ack_id])
+        await asyncio.sleep(11)  # the second lease expires
+        (again,) = await core.pull(SUBSCRIPTION, 10, 0)
+        assert again.message.data == b"two"
+        await core.acknowledge(SUBSCRIPTION, [leases[1].ack_id])  # expired ack ID: ignored
+        await core.acknowledge(SUBSCRIPTION, [again.ack_id])
+        await asyncio.sleep(100)
+        assert await core.pull(SUBSCRIPTION, 10, 0) == []
+        assert core.is_idle()
+
+    run_virtual(scenario())
+
+
+def test_pull_waits_for_a_message_and_answers_empty_after_its_wait() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        assert await core.pull(SUBSCRIPTION, 10, 5.0) == []
+        assert now() == pytest.approx(5.0)
+        waiting = asyncio.ensure_future(core.pull(SUBSCRIPTION, 10, 5.0))
+        await asyncio.sleep(1)
+        await publish(core, b"late")
+        assert [r.message.data for r in await waiting] == [b"late"]
+
+    run_virtual(scenario())
+
+
+def test_ordered_subscription_holds_a_keys_next_message_until_the_previous_is_acked() -> None:
+    async def scenario() -> None:
+        core = await make_core(enable_message_ordering=True)
+        await publish(core, b"a1", b"a2", b"a3", key="a")
+        await publish(core, b"b1", b"b2", key="b")
+        await publish(core, b"free")
+        first = await core.pull(SUBSCRIPTION, 10, 0)
+        assert [r.message.data for r in first] == [b"a1", b"b1", b"free"]
+        by_data = {r.message.data: r for r in first}
+        core.modify_ack_deadline(SUBSCRIPTION, [by_data[b"a1"].ack_id], 0)  # nack: a1 again, not a2
+        (again,) = await core.pull(SUBSCRIPTION, 10, 0)
+        assert again.message.data == b"a1"
+        await core.acknowledge(SUBSCRIPTION, [again.ack_id, by_data[b"b1"].ack_id])
+        assert sorted(r.message.data for r in await core.pull(SUBSCRIPTION, 10, 0)) == [b"a2", b"b2"]
+
+    run_virtual(scenario())
+
+
+def test_unordered_subscription_ignores_ordering_keys() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, b"a1", b"a2", key="a")
+        assert len(await core.pull(SUBSCRIPTION, 10, 0)) == 2
+
+    run_virtual(scenario())
+
+
+def test_dead_letter_policy_counts_attempts_then_forwards() -> None:
+    async def scenario() -> None:
+        core = PubSubCore(MemoryStore())
+        core.load()
+        await core.create_topic(Topic(name=TOPIC))
+        await core.create_topic(Topic(name=DEAD_LETTERS))
+        await core.create_subscription(
+            Subscription(name="projects/p/subscriptions/dlq-sub", topic=DEAD_LETTERS)
+        )
+        config = Subscription(name=SUBSCRIPTION, topic=TOPIC)
+        config.dead_letter_policy.dead_letter_topic = DEAD_LETTERS
+        config.dead_letter_policy.max_delivery_attempts = 5
+        await core.create_subscription(config)
+        await publish(core, b"poison")
+        attempts = []
+        for _ in range(5):
+            (lease,) = await core.pull(SUBSCRIPTION, 1, 0)
+            attempts.append(lease.delivery_attempt)
+            core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 0)
+        assert attempts == [1, 2, 3, 4, 5]
+        assert await core.pull(SUBSCRIPTION, 1, 0) == []
+        await asyncio.sleep(0.01)  # the forwarding task
+        (forwarded,) = await core.pull("projects/p/subscriptions/dlq-sub", 1, 0)
+        assert forwarded.message.data == b"poison"
+        assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+        assert forwarded.delivery_attempt == 0  # no dead-letter policy there: not counted
+        assert core.is_idle() is False  # the forwarded message is leased on the dead-letter subscription
+
+    run_virtual(scenario())
+
+
+def test_streaming_flow_control_limits_outstanding_messages() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, *[f"m{i}".encode() for i in range(5)])
+        consumer = core.open_consumer(SUBSCRIPTION, 60.0, max_messages=2)
+        first = await core.next_batch(SUBSCRIPTION, consumer)
+        assert len(first) == 2
+        blocked = asyncio.ensure_future(core.next_batch(SUBSCRIPTION, consumer))
+        await asyncio.sleep(1)
+        assert not blocked.done()
+        await core.acknowledge(SUBSCRIPTION, [first[0].ack_id])
+        assert len(await blocked) == 1
+        core.close_consumer(SUBSCRIPTION, consumer)
+        assert await core.next_batch(SUBSCRIPTION, consumer) == []
+
+    run_virtual(scenario())
+
+
+def test_messages_published_before_a_subscription_exists_are_not_delivered_to_it() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, b"early")
+        await core.create_subscription(Subscription(name="projects/p/subscriptions/late", topic=TOPIC))
+        assert await core.pull("projects/p/subscriptions/late", 10, 0) == []
+        assert len(await core.pull(SUBSCRIPTION, 10, 0)) == 1
+
+    run_virtual(scenario())
+
+
+def test_deleting_a_subscription_ends_its_waiting_consumers() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        consumer = core.open_consumer(SUBSCRIPTION, 10.0)
+        waiting = asyncio.ensure_future(core.next_batch(SUBSCRIPTION, consumer))
+        await asyncio.sleep(0)
+        await core.delete_subscription(SUBSCRIPTION)
+        with pytest.raises(ServiceError, match="Resource not found"):
+            await waiting
+
+    run_virtual(scenario())

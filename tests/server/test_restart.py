@@ -1,0 +1,107 @@
+"""Restart durability in-process: stop a SQLite-backed server, start a new one on the same data dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.pubsub_v1.types import pubsub as types
+
+from hedgepub.server import LocalServer
+
+TOPIC = "projects/p/topics/durable"
+SUBSCRIPTION = "projects/p/subscriptions/durable-sub"
+ORDERED = "projects/p/subscriptions/durable-ordered"
+
+
+def call(channel: grpc.Channel, path: str, request: Any, response: Any) -> Any:
+    stub = channel.unary_unary(
+        path, request_serializer=type(request).SerializeToString, response_deserializer=response.FromString
+    )
+    return stub(request, timeout=10)
+
+
+def publisher(channel: grpc.Channel, method: str, request: Any, response: Any) -> Any:
+    return call(channel, f"/google.pubsub.v1.Publisher/{method}", request, response)
+
+
+def subscriber(channel: grpc.Channel, method: str, request: Any, response: Any) -> Any:
+    return call(channel, f"/google.pubsub.v1.Subscriber/{method}", request, response)
+
+
+def pull(channel: grpc.Channel, subscription: str) -> list[Any]:
+    request = types.PullRequest.pb()(subscription=subscription, max_messages=100, return_immediately=True)
+    return list(subscriber(channel, "Pull", request, types.PullResponse.pb()).received_messages)
+
+
+def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path) -> None:
+    empty = types.DeleteTopicRequest.pb()  # any message class works as a placeholder response parser
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        publisher(channel, "CreateTopic", types.Topic.pb()(name=TOPIC, labels={"k": "v"}), types.Topic.pb())
+        for name, ordered in ((SUBSCRIPTION, False), (ORDERED, True)):
+            config = types.Subscription.pb()(
+                name=name, topic=TOPIC, ack_deadline_seconds=30, enable_message_ordering=ordered
+            )
+            subscriber(channel, "CreateSubscription", config, types.Subscription.pb())
+        policy = policy_pb2.Policy(
+            bindings=[policy_pb2.Binding(role="roles/pubsub.viewer", members=["allUsers"])]
+        )
+        call(
+            channel,
+            "/google.iam.v1.IAMPolicy/SetIamPolicy",
+            iam_policy_pb2.SetIamPolicyRequest(resource=TOPIC, policy=policy),
+            policy_pb2.Policy,
+        )
+        messages = [
+            types.PubsubMessage.pb()(data=f"m{i}".encode(), attributes={"i": str(i)}, ordering_key="k")
+            for i in range(4)
+        ]
+        published = publisher(
+            channel,
+            "Publish",
+            types.PublishRequest.pb()(topic=TOPIC, messages=messages),
+            types.PublishResponse.pb(),
+        )
+        received = pull(channel, SUBSCRIPTION)
+        acked = [r.ack_id for r in received if r.message.data in (b"m0", b"m2")]
+        subscriber(
+            channel,
+            "Acknowledge",
+            types.AcknowledgeRequest.pb()(subscription=SUBSCRIPTION, ack_ids=acked),
+            empty,
+        )
+
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        topic = publisher(channel, "GetTopic", types.GetTopicRequest.pb()(topic=TOPIC), types.Topic.pb())
+        assert topic.labels["k"] == "v"
+        config = subscriber(
+            channel,
+            "GetSubscription",
+            types.GetSubscriptionRequest.pb()(subscription=ORDERED),
+            types.Subscription.pb(),
+        )
+        assert config.enable_message_ordering and config.ack_deadline_seconds == 30
+        stored_policy = call(
+            channel,
+            "/google.iam.v1.IAMPolicy/GetIamPolicy",
+            iam_policy_pb2.GetIamPolicyRequest(resource=TOPIC),
+            policy_pb2.Policy,
+        )
+        assert stored_policy.bindings[0].role == "roles/pubsub.viewer"
+        left = pull(channel, SUBSCRIPTION)
+        assert sorted((r.message.data, r.message.attributes["i"]) for r in left) == [
+            (b"m1", "1"),
+            (b"m3", "3"),
+        ]
+        # The ordered subscription acknowledged nothing: its key's first message comes back first.
+        assert [r.message.data for r in pull(channel, ORDERED)] == [b"m0"]
+        assert [m.message_id for m in server.messages(TOPIC)] == list(published.message_ids)
+        more = publisher(
+            channel,
+            "Publish",
+            types.PublishRequest.pb()(topic=TOPIC, messages=[types.PubsubMessage.pb()(data=b"new")]),
+            types.PublishResponse.pb(),
+        )
+        assert more.message_ids[0] not in published.message_ids
