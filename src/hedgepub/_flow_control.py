@@ -111,6 +111,12 @@ class FlowController:
             if was_head and self._waiters:
                 self._waiters[0].wake()
 
+    def _blocking(self) -> None:
+        # Each time a caller (re)starts waiting: messages admitted since the last flush may sit in an
+        # open batch, and only sending them can free room.
+        if self._on_block is not None:
+            self._on_block()
+
     def acquire(self, size: int) -> None:
         """Admit one message of ``size`` bytes from a thread, blocking in ``BLOCK`` mode."""
         with self._lock:
@@ -119,9 +125,8 @@ class FlowController:
             waiter = _ThreadWaiter()
             self._waiters.append(waiter)
         try:
-            if self._on_block is not None:
-                self._on_block()
             while True:
+                self._blocking()
                 waiter.event.wait()
                 with self._lock:
                     waiter.event.clear()
@@ -138,9 +143,8 @@ class FlowController:
             waiter = _AsyncWaiter()
             self._waiters.append(waiter)
         try:
-            if self._on_block is not None:
-                self._on_block()
             while True:
+                self._blocking()
                 await waiter.future
                 with self._lock:
                     waiter.future = asyncio.get_running_loop().create_future()

@@ -1,0 +1,279 @@
+"""The asyncio publisher against a scripted transport, on virtual time: exact batching and hedging."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hedgepub import (
+    AsyncPublisherClient,
+    BatchSettings,
+    FlowControlLimitError,
+    FlowControlSettings,
+    HedgingSettings,
+    LimitExceededBehavior,
+    OrderingKeyPausedError,
+    PublishTimeoutError,
+    RetrySettings,
+    RpcError,
+    ShutdownTimeoutError,
+    StatusCode,
+)
+from hedgepub._transport import ScriptedTransport
+from hedgepub._virtual_time import virtual_time
+
+TOPIC = "projects/test-project/topics/topic"
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def client(transport: ScriptedTransport, **settings: object) -> AsyncPublisherClient:
+    return AsyncPublisherClient(transport=transport, **settings)  # type: ignore[arg-type]
+
+
+async def publish_many(publisher: AsyncPublisherClient, count: int, **kwargs: object) -> list[str]:
+    return list(await asyncio.gather(*(publisher.publish(TOPIC, b"m%d" % i, **kwargs) for i in range(count))))
+
+
+@virtual_time
+async def test_batch_sent_when_max_messages_reached() -> None:
+    transport = ScriptedTransport()
+    async with client(transport, batch_settings=BatchSettings(max_messages=3, max_latency=10)) as publisher:
+        ids = await publish_many(publisher, 7)
+    assert ids == [str(i) for i in range(7)]
+    assert [len(call.request.messages) for call in transport.calls] == [3, 3, 1]
+    assert publisher.stats().batches_sent == 3 and publisher.stats().messages_published == 7
+
+
+@virtual_time
+async def test_batch_sent_after_max_latency() -> None:
+    transport = ScriptedTransport()
+    publisher = client(transport, batch_settings=BatchSettings(max_messages=100, max_latency=0.25))
+    assert await publish_many(publisher, 2) == ["0", "1"]
+    assert now() == 0.25
+    assert len(transport.calls) == 1
+    await publisher.shutdown()
+    assert transport.closed
+
+
+@virtual_time
+async def test_batch_sent_before_max_bytes_is_passed() -> None:
+    transport = ScriptedTransport()
+    # Topic field: 2 + len(TOPIC) bytes; each 100-byte message: 2 + (2 + 100) bytes on the wire.
+    overhead, framed = 2 + len(TOPIC), 104
+    settings = BatchSettings(max_messages=1000, max_bytes=overhead + 3 * framed, max_latency=10)
+    async with client(transport, batch_settings=settings) as publisher:
+        await asyncio.gather(*(publisher.publish(TOPIC, b"x" * 100) for _ in range(7)))
+    assert [len(call.request.messages) for call in transport.calls] == [3, 3, 1]
+    assert all(call.request.ByteSize() <= settings.max_bytes for call in transport.calls)
+
+
+@virtual_time
+async def test_attributes_and_metadata_reach_the_request() -> None:
+    transport = ScriptedTransport()
+    async with client(transport) as publisher:
+        await publisher.publish(TOPIC, b"data", origin="test", kind=b"bytes are decoded")
+    call = transport.calls[0]
+    assert dict(call.request.messages[0].attributes) == {"origin": "test", "kind": "bytes are decoded"}
+    assert call.request.topic == TOPIC
+    assert call.metadata["x-goog-request-params"] == f"topic={TOPIC}"
+    assert call.metadata["hedgepub-attempt"] == "0"
+    assert call.metadata["hedgepub-batch-id"]
+
+
+@virtual_time
+async def test_retries_unavailable_with_back_off() -> None:
+    transport = ScriptedTransport([ScriptedTransport().fail(StatusCode.UNAVAILABLE)] * 2)
+    async with client(transport) as publisher:
+        assert await publisher.publish(TOPIC, b"x") == "0"
+    # Default retry settings: 0.1 s, then 0.4 s of back-off (plus the 10 ms batch latency).
+    assert [call.outcome for call in transport.calls] == ["error", "error", "ok"]
+    assert now() == pytest.approx(0.51)
+    assert publisher.stats().attempts_sent == 3
+
+
+@virtual_time
+async def test_permanent_error_fails_at_once() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().fail(StatusCode.NOT_FOUND))
+    async with client(transport) as publisher:
+        with pytest.raises(RpcError) as caught:
+            await publisher.publish(TOPIC, b"x")
+    assert caught.value.code is StatusCode.NOT_FOUND
+    assert len(transport.calls) == 1
+    assert publisher.stats().messages_failed == 1
+
+
+@virtual_time
+async def test_total_timeout_fails_with_last_error() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().fail(StatusCode.UNAVAILABLE))
+    retry = RetrySettings(initial_rpc_timeout=1, total_timeout=2)
+    async with client(transport, retry_settings=retry) as publisher:
+        with pytest.raises(PublishTimeoutError) as caught:
+            await publisher.publish(TOPIC, b"x")
+    assert isinstance(caught.value.last_error, RpcError)
+
+
+async def warm_up(publisher: AsyncPublisherClient, batches: int) -> None:
+    for _ in range(batches):
+        await publisher.publish(TOPIC, b"warm-up")
+
+
+@virtual_time
+async def test_hedge_wins_and_the_original_is_cancelled() -> None:
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging)
+    await warm_up(publisher, 5)
+    assert publisher.stats().tokens_available == 1.0
+    transport.script.extend([transport.ok(delay=5.0), transport.ok(delay=0.02)])
+    started = now()
+    assert await publisher.publish(TOPIC, b"slow") == "5"  # IDs of the hedge, the first to answer
+    assert now() - started == pytest.approx(0.01 + 0.1 + 0.02)
+    original, hedge = transport.calls[-2:]
+    assert (original.metadata["hedgepub-attempt"], hedge.metadata["hedgepub-attempt"]) == ("0", "1")
+    assert original.metadata["hedgepub-batch-id"] == hedge.metadata["hedgepub-batch-id"]
+    await asyncio.sleep(0.001)  # the cancellation travels down the attempt's layers
+    assert original.outcome == "cancelled"
+    stats = publisher.stats()
+    assert (stats.hedges_sent, stats.hedges_won, stats.attempts_sent) == (1, 1, 7)
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_no_hedge_when_the_bucket_is_empty() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().ok(delay=0.5))
+    publisher = client(transport, hedging_settings=HedgingSettings(hedge_delay=0.1))
+    await publisher.publish(TOPIC, b"x")
+    stats = publisher.stats()
+    assert (stats.hedges_sent, stats.hedges_skipped, len(transport.calls)) == (0, 1, 1)
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_hedging_stops_by_itself_under_sustained_slowness() -> None:
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=2, refill_ratio=0.1)
+    publisher = client(transport, hedging_settings=hedging)
+    await warm_up(publisher, 20)
+    transport.default = transport.ok(delay=0.35)  # every attempt is slow now, hedges too
+    for _ in range(10):
+        await publisher.publish(TOPIC, b"slow")
+    stats = publisher.stats()
+    # Two tokens pay for the first slow batch's two hedges; every later hedge point finds less than a
+    # token (ten successes refill only one, by the end), so hedging stays off.
+    assert stats.hedges_sent == 2
+    assert stats.hedges_skipped == 10
+    assert stats.tokens_available == 1.0
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_ordering_key_one_batch_at_a_time_and_paused_after_failure() -> None:
+    transport = ScriptedTransport()
+    settings = BatchSettings(max_messages=2, max_latency=0.01)
+    publisher = client(transport, batch_settings=settings, enable_message_ordering=True)
+    transport.script.extend([transport.ok(delay=1.0), transport.ok(delay=0.1)])
+    first = await asyncio.gather(*(publisher.publish(TOPIC, b"%d" % i, ordering_key="k") for i in range(4)))
+    assert first == ["0", "1", "2", "3"]
+    # The second batch waited for the first: it was sent only after one second.
+    assert now() == pytest.approx(1.1)
+    assert [[m.data for m in call.request.messages] for call in transport.calls] == [
+        [b"0", b"1"],
+        [b"2", b"3"],
+    ]
+
+    transport.script.append(transport.fail(StatusCode.INVALID_ARGUMENT, delay=0.5))
+    results = await asyncio.gather(
+        *(publisher.publish(TOPIC, b"x", ordering_key="k") for _ in range(3)), return_exceptions=True
+    )
+    assert isinstance(results[0], RpcError) and isinstance(results[1], RpcError)
+    assert isinstance(results[2], OrderingKeyPausedError)
+    with pytest.raises(OrderingKeyPausedError):
+        await publisher.publish(TOPIC, b"later", ordering_key="k")
+    assert await publisher.publish(TOPIC, b"other key", ordering_key="j") is not None
+    publisher.resume_publish(TOPIC, "k")
+    assert await publisher.publish(TOPIC, b"resumed", ordering_key="k") is not None
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_flow_control_error() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().ok(delay=1.0))
+    flow = FlowControlSettings(message_limit=2, limit_exceeded_behavior=LimitExceededBehavior.ERROR)
+    publisher = client(transport, flow_control=flow)
+    tasks = [asyncio.ensure_future(publisher.publish(TOPIC, b"x")) for _ in range(2)]
+    await asyncio.sleep(0)
+    with pytest.raises(FlowControlLimitError):
+        await publisher.publish(TOPIC, b"too many")
+    await asyncio.gather(*tasks)
+    assert await publisher.publish(TOPIC, b"room again") == "2"
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_flow_control_block_waits_in_order() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().ok(delay=1.0))
+    flow = FlowControlSettings(message_limit=2, limit_exceeded_behavior=LimitExceededBehavior.BLOCK)
+    publisher = client(transport, flow_control=flow, batch_settings=BatchSettings(max_latency=5))
+    results = await asyncio.gather(*(publisher.publish(TOPIC, b"%d" % i) for i in range(5)))
+    assert results == ["0", "1", "2", "3", "4"]
+    # While someone waits, the open batch is flushed at once instead of after its 5 s: messages 0-1
+    # go at 0 s, 2-3 at 1 s; message 4, admitted at 2 s with nobody left waiting, keeps its batch latency.
+    assert [call.request.messages[0].data for call in transport.calls] == [b"0", b"2", b"4"]
+    assert now() == pytest.approx(2.0 + 5.0 + 1.0)
+    assert [len(call.request.messages) for call in transport.calls] == [2, 2, 1]
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_shutdown_flushes_everything() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().ok(delay=2.0))
+    publisher = client(transport, batch_settings=BatchSettings(max_latency=60))
+    tasks = [asyncio.ensure_future(publisher.publish(TOPIC, b"x")) for _ in range(3)]
+    await asyncio.sleep(0)
+    await publisher.shutdown()
+    assert now() == 2.0
+    assert [task.result() for task in tasks] == ["0", "1", "2"]
+    with pytest.raises(RuntimeError):
+        await publisher.publish(TOPIC, b"after")
+
+
+@virtual_time
+async def test_shutdown_timeout_fails_leftovers_and_cancels_their_attempts() -> None:
+    transport = ScriptedTransport(default=ScriptedTransport().ok(delay=100.0))
+    ordered = client(transport, enable_message_ordering=True, batch_settings=BatchSettings(max_messages=1))
+    tasks = [asyncio.ensure_future(ordered.publish(TOPIC, b"x", ordering_key="k")) for _ in range(3)]
+    await asyncio.sleep(0)
+    await ordered.shutdown(timeout=1.0)
+    assert now() == 1.0
+    for task in tasks:
+        assert isinstance(task.exception(), ShutdownTimeoutError)
+    assert [call.outcome for call in transport.calls] == ["cancelled"]
+    assert ordered.stats().messages_failed == 3
+
+
+@virtual_time
+async def test_validation_errors() -> None:
+    publisher = client(ScriptedTransport())
+    with pytest.raises(TypeError):
+        await publisher.publish(TOPIC, "text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await publisher.publish(TOPIC, b"x", count=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="enable_message_ordering"):
+        await publisher.publish(TOPIC, b"x", ordering_key="k")
+    with pytest.raises(ValueError, match="cannot fit"):
+        await publisher.publish(TOPIC, b"x" * 10_000_000)
+    await publisher.shutdown()
+
+
+def test_construction_refuses_hedging_that_cannot_work() -> None:
+    with pytest.raises(ValueError, match="ordering"):
+        AsyncPublisherClient(hedging_settings=HedgingSettings(), enable_message_ordering=True)
+    with pytest.raises(ValueError, match="initial_rpc_timeout"):
+        AsyncPublisherClient(
+            hedging_settings=HedgingSettings(hedge_delay=2),
+            retry_settings=RetrySettings(initial_rpc_timeout=1),
+        )
