@@ -92,10 +92,13 @@ class AsyncLocalServer:
         core.load(snapshot)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, self._authorizer)))
-        port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
+        try:
+            port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
+        except RuntimeError:  # grpc's way of saying the address could not be bound
+            port = 0
         if port == 0:
             await core.close()
-            raise OSError(f"could not listen on {self.host}:{self.requested_port}")
+            raise OSError(f"could not listen on {self.host}:{self.requested_port} (address in use?)")
         await server.start()
         self.core = core
         self._server = server

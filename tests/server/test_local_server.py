@@ -1,0 +1,62 @@
+"""The test-facing face of the server: LocalServer's lifecycle and helpers."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from google.cloud import pubsub_v1
+
+from hedgepub.server import FaultInjector, LocalServer
+
+
+def test_temporary_data_dir_is_removed_on_exit() -> None:
+    with LocalServer() as server:
+        data_dir = server.data_dir
+        assert data_dir is not None and Path(data_dir).is_dir()
+        assert "serving on 127.0.0.1:" in repr(server)
+    assert not Path(data_dir).exists()
+    assert "stopped" in repr(server)
+
+
+def test_an_occupied_port_is_an_os_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
+            LocalServer(port=port, in_memory=True).start()
+
+
+def test_faults_are_always_present(pubsub_server: LocalServer) -> None:
+    assert isinstance(pubsub_server.faults, FaultInjector)
+
+
+def test_clear_and_wait_until_idle(pubsub_server: LocalServer) -> None:
+    assert os.environ["PUBSUB_EMULATOR_HOST"] == pubsub_server.address
+    publisher = pubsub_v1.PublisherClient()
+    subscriber = pubsub_v1.SubscriberClient()
+    try:
+        topic, subscription = "projects/p/topics/idle", "projects/p/subscriptions/idle"
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(name=subscription, topic=topic)
+        publisher.publish(topic, b"x").result()
+        assert pubsub_server.wait_until_idle(timeout=0.05) is False
+        received = subscriber.pull(subscription=subscription, max_messages=1).received_messages
+        subscriber.acknowledge(subscription=subscription, ack_ids=[received[0].ack_id])
+        assert pubsub_server.wait_until_idle(timeout=5)
+        pubsub_server.clear()
+        assert pubsub_server.messages(topic) == []
+        assert list(publisher.list_topics(project="projects/p")) == []
+    finally:
+        publisher.stop()
+        subscriber.close()
+
+
+def test_helpers_refuse_a_stopped_server() -> None:
+    server = LocalServer(in_memory=True)
+    with pytest.raises(RuntimeError, match="not running"):
+        server.messages("projects/p/topics/any")
+    server.stop()  # stopping a server never started is harmless
