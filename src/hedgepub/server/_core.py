@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from google.iam.v1 import policy_pb2
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
@@ -333,13 +333,10 @@ class PubSubCore:
         if name in self._topics:  # created concurrently while we waited for the store
             raise limits.already_exists(name)
         self._topics[name] = topic
-        self._attach_orphans(name)
+        # No subscription re-attaches to a re-created topic: the real service points the subscriptions
+        # of a deleted topic at _deleted-topic_ for good.
+        self._attached.setdefault(name, {})
         return topic
-
-    def _attach_orphans(self, topic: str) -> None:
-        # Subscriptions never outlive the name of a deleted topic, so nothing to re-attach: the real
-        # service points them at _deleted-topic_ for good.
-        self._attached.setdefault(topic, {})
 
     def get_topic(self, name: str) -> Any:
         """GetTopic."""
@@ -485,7 +482,7 @@ class PubSubCore:
                 StatusCode.UNIMPLEMENTED, "Push subscriptions are not supported by this server."
             )
         for kind in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
-            if config.HasField(kind) and config.__getattribute__(kind).ByteSize():
+            if config.HasField(kind) and getattr(config, kind).ByteSize():
                 raise ServiceError(
                     StatusCode.UNIMPLEMENTED, f"{kind} subscriptions are not supported by this server."
                 )
@@ -890,8 +887,6 @@ def _check_message(message: Any) -> None:
 
 def _apply_mask(source: Any, destination: Any, paths: Sequence[str]) -> None:
     """Copy the masked fields from ``source`` to ``destination`` (a field absent in source is cleared)."""
-    from google.protobuf import field_mask_pb2
-
     mask = field_mask_pb2.FieldMask(paths=list(paths))
     try:
         mask.MergeMessage(source, destination, replace_message_field=True, replace_repeated_field=True)
