@@ -1,0 +1,95 @@
+"""Wire sizes, batch futures, and the guarantee that no library error leaves a future pending."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hedgepub import AsyncPublisherClient, PublisherClient, PublishError, ResponseMismatchError
+from hedgepub._batch import request_overhead
+from hedgepub._futures import BatchFuture, resolve_batch
+from hedgepub._transport import PublishRequestPb, PubsubMessagePb, ScriptedCall, ScriptedTransport
+
+TOPIC = "projects/test-project/topics/topic"
+
+_text = st.text(max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(max_size=20_000),
+    ordering_key=_text,
+    attributes=st.dictionaries(st.text(min_size=1, max_size=20), _text, max_size=4),
+)
+def test_computed_sizes_match_the_wire(data: bytes, ordering_key: str, attributes: dict[str, str]) -> None:
+    publisher = AsyncPublisherClient(transport=ScriptedTransport(), enable_message_ordering=True)
+    message, size, framed = publisher._core.prepare(TOPIC, data, ordering_key, dict(attributes))
+    expected = PubsubMessagePb(data=data, attributes=attributes, ordering_key=ordering_key)
+    assert size == expected.ByteSize()
+    request = PublishRequestPb(topic=TOPIC, messages=[expected, expected])
+    assert request.ByteSize() == request_overhead(TOPIC) + 2 * framed
+    if message is not None:
+        assert message == expected
+
+
+def test_batch_futures_behave_as_concurrent_futures() -> None:
+    condition = threading.Condition()
+    futures = [BatchFuture(condition) for _ in range(4)]
+    assert futures[3].cancel()
+    seen: list[str] = []
+    futures[0].add_done_callback(lambda future: seen.append(future.result()))
+    waiter = threading.Thread(target=lambda: seen.append(futures[2].result(timeout=5)))
+    waiter.start()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        futures[1].result(timeout=0.01)
+    resolve_batch(futures, condition, message_ids=["a", "b", "c", "d"])
+    waiter.join()
+    assert sorted(seen) == ["a", "c"]
+    assert [f.result() for f in futures[:3]] == ["a", "b", "c"]
+    assert futures[3].cancelled()
+    _done, pending = concurrent.futures.wait(futures[:3], timeout=0)
+    assert not pending
+
+    failing = [BatchFuture(condition) for _ in range(2)]
+    resolve_batch(failing, condition, error=PublishError("boom"))
+    assert all(isinstance(f.exception(), PublishError) for f in failing)
+
+
+def test_a_transport_that_breaks_fails_the_futures() -> None:
+    async def broken(call: ScriptedCall) -> Sequence[str]:
+        raise ValueError("transport bug")
+
+    async def too_few(call: ScriptedCall) -> Sequence[str]:
+        return ["only-one"]
+
+    transport = ScriptedTransport([broken, too_few])
+    with PublisherClient(transport=transport) as publisher:
+        with pytest.raises(PublishError) as caught:
+            publisher.publish(TOPIC, b"x").result(timeout=5)
+        assert isinstance(caught.value.__cause__, ValueError)
+        futures = [publisher.publish(TOPIC, b"y") for _ in range(3)]
+        for future in futures:
+            assert isinstance(future.exception(timeout=5), ResponseMismatchError)
+    assert publisher.stats().messages_failed == 4
+
+
+def test_sync_client_validation_errors() -> None:
+    with PublisherClient(transport=ScriptedTransport()) as publisher:
+        with pytest.raises(TypeError, match="bytes"):
+            publisher.publish(TOPIC, "text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="attribute"):
+            publisher.publish(TOPIC, b"x", number=1)
+        with pytest.raises(TypeError, match="attribute"):
+            publisher.publish(TOPIC, b"x", raw=b"\xff")
+        with pytest.raises(ValueError, match="enable_message_ordering"):
+            publisher.publish(TOPIC, b"x", ordering_key="k")
+        with pytest.raises(ValueError, match="cannot fit"):
+            publisher.publish(TOPIC, bytes(10_000_000))
+        assert publisher.publish(TOPIC, b"fine", text="ok").result(timeout=5) == "0"
+    assert PublisherClient.topic_path("proj", "top") == "projects/proj/topics/top"
+    assert AsyncPublisherClient.topic_path("proj", "top") == "projects/proj/topics/top"
