@@ -202,7 +202,7 @@ def bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
     subtitle = (
-        f"Publish latency mix {config.mix}; hedge delay {config.hedge_delay * 1000:g} ms; "
+        f"injected on Publish: {config.mix}; hedge delay {config.hedge_delay * 1000:g} ms; "
         f"{config.messages:,} publishes each at {config.rate:g}/s"
     )
     plot_path = plot_latency_cdf(run.latencies_ms, out_dir / "tail-latency.png", subtitle=subtitle)
