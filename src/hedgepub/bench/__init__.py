@@ -9,7 +9,7 @@
     write_results_json(run.document, "results.json")
 """
 
-from hedgepub.bench._admin_rpc import AdminClient, default_project, resource_path
+from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 from hedgepub.bench._experiment import DEFAULT_MIX, BenchConfig, BenchProgress, BenchRun, run_bench
 from hedgepub.bench._plot import plot_latency_cdf
 from hedgepub.bench._report import (
@@ -26,6 +26,7 @@ from hedgepub.bench._schedule import arrival_times, pair_orders
 
 __all__ = [
     "DEFAULT_MIX",
+    "EMULATOR_HOST_VARIABLE",
     "RESULT_KEYS",
     "AdminClient",
     "BenchConfig",

@@ -28,8 +28,7 @@ from typing import Any, TypeVar
 import click
 
 from hedgepub import PublishError, RetrySettings, StatusCode
-from hedgepub.bench import AdminClient, default_project, resource_path
-from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE
+from hedgepub.bench import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -233,7 +232,7 @@ def _parse_attributes(ctx: click.Context, param: click.Parameter, values: tuple[
     return attributes
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, short_help="Publish a message to a topic.")
 @click.argument("topic")
 @click.argument("data")
 @click.option(
@@ -308,7 +307,7 @@ def _describe(received: Any, as_json: bool) -> str:
     return f"{message.message_id}\t{data}" + (f"\t{attributes}" if attributes else "")
 
 
-@click.command(epilog=EXIT_CODES_HELP)
+@click.command(epilog=EXIT_CODES_HELP, short_help="Pull (and ack) messages from a subscription.")
 @click.argument("subscription")
 @click.option(
     "--max",

@@ -89,7 +89,7 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
-@click.command()
+@click.command(short_help="Compare publish tail latency without and with hedging.")
 @click.option(
     "--messages",
     type=click.IntRange(min=1),
