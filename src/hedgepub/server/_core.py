@@ -431,6 +431,11 @@ class PubSubCore:
             raise limits.too_large("request_size", request_bytes, limits.MAX_PUBLISH_REQUEST_BYTES)
         for message in messages:
             _check_message(message)
+        return await self._append(topic_name, messages)
+
+    async def _append(self, topic_name: str, messages: Any) -> list[str]:
+        """Number, make durable and fan out messages already accepted (no request limits apply)."""
+        count = len(messages)
         now_ns = time.time_ns()
         seconds, nanos = divmod(now_ns, 1_000_000_000)
         sequence = self._next_sequence
@@ -654,7 +659,9 @@ class PubSubCore:
         copy.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"] = (
             pending.message.publish_time.ToJsonString()
         )
-        await self.publish(topic, [copy], copy.ByteSize())
+        # Not through publish(): the copy is the service's own, and the attributes it gains may take a
+        # message that was at the 100-attribute limit past it; that must not drop the message.
+        await self._append(topic, [copy])
         await self._store.ack(state.name, [pending.sequence])
         state.finished(pending)
         state.notify()
