@@ -16,13 +16,16 @@ On an event loop you already run (the ``hedgepub serve`` command does this)::
     # or
     async with AsyncLocalServer(host, port, data_dir=...) as server: ...
 
+IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, policy))`` (or
+``IamConfig.from_files(tokens_file, policy_file)``); callers then send ``authorization: Bearer <token>``.
+
 Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (topics, subscriptions, delivery) ->
 :mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor.
 """
 
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix
-from hedgepub.server._iam import AllowAll, Authorizer
+from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
 from hedgepub.server._store import MemoryStore, Snapshot, Store, StoredMessage
@@ -33,6 +36,9 @@ __all__ = [
     "Authorizer",
     "FaultInjector",
     "FaultRule",
+    "IamConfig",
+    "IamConfigError",
+    "IamEnforcer",
     "LatencyMix",
     "LocalServer",
     "MemoryStore",

@@ -860,6 +860,17 @@ class PubSubCore:
         """TestIamPermissions needs an existing topic or subscription."""
         self._iam_resource(resource)
 
+    def stored_policy(self, resource: str) -> Any | None:
+        """The policy set on a topic or subscription, or ``None`` (no checks: for IAM enforcement)."""
+        return self._policies.get(resource)
+
+    def topic_of_subscription(self, name: str) -> str | None:
+        """The topic an existing, attached subscription receives from; ``None`` otherwise."""
+        state = self._subscriptions.get(name)
+        if state is None or state.config.topic not in self._topics:
+            return None
+        return state.config.topic
+
 
 def _check_message(message: Any) -> None:
     data_size = len(message.data)

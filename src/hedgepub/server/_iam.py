@@ -1,16 +1,36 @@
-"""IAM on the local server: the permission each RPC needs, and the permissions each resource knows.
+"""IAM on the local server: who the caller is, which permission each RPC needs, and who holds it.
 
-Enforcement is not done yet: :class:`AllowAll` answers every check. The service layer already asks
-:meth:`Authorizer.check` once per RPC with the permission from :data:`RPC_PERMISSIONS`, so a real policy
-evaluator only has to implement that one method.
+Off by default (:class:`AllowAll`: policies are stored and returned, never enforced). Turned on with an
+:class:`IamConfig` (``LocalServer(iam=IamConfig(...))``, ``hedgepub serve --iam enforce``), which the server
+wraps in an :class:`IamEnforcer`:
+
+- **who**: the caller sends ``authorization: Bearer <token>``; the config's tokens map each token to a
+  principal (``user:...``, ``serviceAccount:...``, ``group:...``, or a list of them, which is how a token
+  can stand for a user and the groups it belongs to). No token, or an unknown one, is UNAUTHENTICATED.
+- **what**: every RPC needs the permissions listed in :data:`RPC_PERMISSIONS`, each on a resource named by a
+  request field (the project for ``create`` and ``list``, else the topic or subscription).
+- **who holds it**: the effective policy of a topic or subscription is the project-level policy of the
+  config (the same for every project) united with the policy set on the resource through SetIamPolicy,
+  as in the real service, where a resource inherits from its project. A binding grants its role's
+  permissions (:data:`ROLE_PERMISSIONS`, the real definitions restricted to topics and subscriptions) to
+  its members: exact principals, ``domain:example.com`` (users of that e-mail domain),
+  ``allAuthenticatedUsers`` and ``allUsers`` (both: every caller with a known token).
+
+Refusals use the real service's words (:data:`PERMISSION_DENIED_MESSAGE` and the UNAUTHENTICATED
+messages). A permission is checked before the resource is looked up, so a caller without access learns
+nothing about what exists (PERMISSION_DENIED, not NOT_FOUND), again as the real service does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
-from hedgepub.server._limits import invalid
+from hedgepub._status import StatusCode
+from hedgepub.server._limits import ServiceError, check_name, check_project, invalid
 
 #: Permissions that can be tested on a topic.
 TOPIC_PERMISSIONS: frozenset[str] = frozenset(
@@ -37,34 +57,105 @@ SUBSCRIPTION_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.subscriptions.update",
     }
 )
+#: Permissions that only make sense on a project (a policy on a topic or subscription cannot grant them).
+PROJECT_PERMISSIONS: frozenset[str] = frozenset(
+    {
+        "pubsub.subscriptions.create",
+        "pubsub.subscriptions.list",
+        "pubsub.topics.create",
+        "pubsub.topics.list",
+    }
+)
+ALL_PERMISSIONS: frozenset[str] = TOPIC_PERMISSIONS | SUBSCRIPTION_PERMISSIONS | PROJECT_PERMISSIONS
 
-#: Per RPC (short method name): the permissions it needs, each with the request field naming the
-#: resource it is checked on. ``*IamPolicy`` methods are resolved by resource type at call time.
-RPC_PERMISSIONS: dict[str, tuple[tuple[str, str], ...]] = {
-    "CreateTopic": (("pubsub.topics.create", "name"),),
-    "GetTopic": (("pubsub.topics.get", "topic"),),
-    "UpdateTopic": (("pubsub.topics.update", "topic.name"),),
-    "ListTopics": (("pubsub.topics.list", "project"),),
-    "ListTopicSubscriptions": (("pubsub.topics.get", "topic"),),
-    "DeleteTopic": (("pubsub.topics.delete", "topic"),),
-    "DetachSubscription": (("pubsub.subscriptions.detach", "subscription"),),
-    "Publish": (("pubsub.topics.publish", "topic"),),
-    "CreateSubscription": (
-        ("pubsub.subscriptions.create", "name"),
-        ("pubsub.topics.attachSubscription", "topic"),
+_VIEW = frozenset(
+    {
+        "pubsub.subscriptions.get",
+        "pubsub.subscriptions.list",
+        "pubsub.topics.get",
+        "pubsub.topics.list",
+    }
+)
+_GET_POLICY = frozenset({"pubsub.subscriptions.getIamPolicy", "pubsub.topics.getIamPolicy"})
+_SET_POLICY = frozenset({"pubsub.subscriptions.setIamPolicy", "pubsub.topics.setIamPolicy"})
+_EDIT = ALL_PERMISSIONS - _GET_POLICY - _SET_POLICY
+
+#: The real roles, restricted to the permissions on topics and subscriptions this server knows. The Pub/Sub
+#: editor manages and uses resources but cannot read or change their policies; the basic editor can read
+#: them; the basic viewer sees configurations and policies but cannot publish or consume.
+ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    "roles/pubsub.publisher": frozenset({"pubsub.topics.publish"}),
+    "roles/pubsub.subscriber": frozenset(
+        {"pubsub.subscriptions.consume", "pubsub.topics.attachSubscription"}
     ),
-    "GetSubscription": (("pubsub.subscriptions.get", "subscription"),),
-    "UpdateSubscription": (("pubsub.subscriptions.update", "subscription.name"),),
-    "ListSubscriptions": (("pubsub.subscriptions.list", "project"),),
-    "DeleteSubscription": (("pubsub.subscriptions.delete", "subscription"),),
-    "Pull": (("pubsub.subscriptions.consume", "subscription"),),
-    "StreamingPull": (("pubsub.subscriptions.consume", "subscription"),),
-    "Acknowledge": (("pubsub.subscriptions.consume", "subscription"),),
-    "ModifyAckDeadline": (("pubsub.subscriptions.consume", "subscription"),),
-    "GetIamPolicy": (("getIamPolicy", "resource"),),
-    "SetIamPolicy": (("setIamPolicy", "resource"),),
+    "roles/pubsub.viewer": _VIEW,
+    "roles/pubsub.editor": _EDIT,
+    "roles/pubsub.admin": ALL_PERMISSIONS,
+    "roles/owner": ALL_PERMISSIONS,
+    "roles/editor": _EDIT | _GET_POLICY,
+    "roles/viewer": _VIEW | _GET_POLICY,
+}
+
+#: The real service's PERMISSION_DENIED message.
+PERMISSION_DENIED_MESSAGE = "User not authorized to perform this action."
+_SEE = "See https://developers.google.com/identity/sign-in/web/devconsole-project."
+#: The real service's UNAUTHENTICATED messages: no credential at all, and one it does not accept.
+MISSING_CREDENTIALS_MESSAGE = (
+    "Request is missing required authentication credential. Expected OAuth 2 access token, login cookie "
+    f"or other valid authentication credential. {_SEE}"
+)
+INVALID_CREDENTIALS_MESSAGE = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other "
+    f"valid authentication credential. {_SEE}"
+)
+
+_MEMBER_PREFIXES = ("user:", "serviceAccount:", "group:", "domain:")
+_PUBLIC_MEMBERS = frozenset({"allUsers", "allAuthenticatedUsers"})
+_PRINCIPAL_PREFIXES = ("user:", "serviceAccount:", "group:")
+
+
+class Check(NamedTuple):
+    """One permission an RPC needs, on the resource named by a request field."""
+
+    permission: str
+    #: Dotted path of the request field naming the resource (``topic.name`` for UpdateTopic).
+    field: str
+    #: The field names a subscription, and the permission is checked on that subscription's topic.
+    on_topic: bool = False
+
+
+#: Per RPC (short method name): the permissions it needs. ``create`` and ``list`` are checked on the
+#: project of the named resource. ``getIamPolicy`` / ``setIamPolicy`` are completed with ``topics`` or
+#: ``subscriptions`` by the resource's type at call time (:func:`resource_permission`). TestIamPermissions
+#: needs no permission (any authenticated caller may ask), as in the real service.
+RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
+    "CreateTopic": (Check("pubsub.topics.create", "name"),),
+    "GetTopic": (Check("pubsub.topics.get", "topic"),),
+    "UpdateTopic": (Check("pubsub.topics.update", "topic.name"),),
+    "ListTopics": (Check("pubsub.topics.list", "project"),),
+    "ListTopicSubscriptions": (Check("pubsub.topics.get", "topic"),),
+    "DeleteTopic": (Check("pubsub.topics.delete", "topic"),),
+    # Needs nothing on the subscription itself: a topic's owner may detach another project's subscription.
+    "DetachSubscription": (Check("pubsub.topics.detachSubscription", "subscription", on_topic=True),),
+    "Publish": (Check("pubsub.topics.publish", "topic"),),
+    "CreateSubscription": (
+        Check("pubsub.subscriptions.create", "name"),
+        Check("pubsub.topics.attachSubscription", "topic"),
+    ),
+    "GetSubscription": (Check("pubsub.subscriptions.get", "subscription"),),
+    "UpdateSubscription": (Check("pubsub.subscriptions.update", "subscription.name"),),
+    "ListSubscriptions": (Check("pubsub.subscriptions.list", "project"),),
+    "DeleteSubscription": (Check("pubsub.subscriptions.delete", "subscription"),),
+    "Pull": (Check("pubsub.subscriptions.consume", "subscription"),),
+    "StreamingPull": (Check("pubsub.subscriptions.consume", "subscription"),),
+    "Acknowledge": (Check("pubsub.subscriptions.consume", "subscription"),),
+    "ModifyAckDeadline": (Check("pubsub.subscriptions.consume", "subscription"),),
+    "GetIamPolicy": (Check("getIamPolicy", "resource"),),
+    "SetIamPolicy": (Check("setIamPolicy", "resource"),),
     "TestIamPermissions": (),
 }
+
+Metadata = Sequence[tuple[str, "str | bytes"]]
 
 
 def resource_permission(resource: str, verb: str) -> str:
@@ -84,30 +175,250 @@ def check_testable(resource: str, permissions: Sequence[str]) -> None:
 class Authorizer(Protocol):
     """Decides whether the caller of an RPC holds a permission on a resource."""
 
-    async def check(
-        self, metadata: Sequence[tuple[str, str | bytes]], permission: str, resource: str
-    ) -> None:
+    async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Return if allowed; raise ``ServiceError`` (PERMISSION_DENIED / UNAUTHENTICATED) if not."""
 
-    async def granted(
-        self, metadata: Sequence[tuple[str, str | bytes]], resource: str, permissions: Sequence[str]
-    ) -> list[str]:
+    async def granted(self, metadata: Metadata, resource: str, permissions: Sequence[str]) -> list[str]:
         """The subset of ``permissions`` the caller holds on ``resource`` (for TestIamPermissions)."""
 
 
 class AllowAll:
     """The default :class:`Authorizer`: IAM policies are stored but not enforced."""
 
-    async def check(
-        self, metadata: Sequence[tuple[str, str | bytes]], permission: str, resource: str
-    ) -> None:
+    async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow everything."""
 
-    async def granted(
-        self, metadata: Sequence[tuple[str, str | bytes]], resource: str, permissions: Sequence[str]
-    ) -> list[str]:
+    async def granted(self, metadata: Metadata, resource: str, permissions: Sequence[str]) -> list[str]:
         """Every permission asked for."""
         return list(permissions)
 
     def __repr__(self) -> str:
         return "AllowAll()"
+
+
+# --------------------------------------------------------------------------------------------- config
+class IamConfigError(ValueError):
+    """A tokens file or policy that cannot be used; the message names the file and the entry."""
+
+
+def _normalize_member(member: str) -> str:
+    """E-mail addresses and domains compare without regard to case, as in IAM."""
+    kind, colon, rest = member.partition(":")
+    return f"{kind}:{rest.lower()}" if colon else member
+
+
+def _check_principal(principal: object, where: str) -> str:
+    if not isinstance(principal, str) or not principal.startswith(_PRINCIPAL_PREFIXES):
+        raise IamConfigError(
+            f"{where}: a principal must be a string starting with user:, serviceAccount: or group:; "
+            f"got {principal!r}"
+        )
+    if "@" not in principal:
+        raise IamConfigError(f"{where}: {principal!r} is not of the form kind:e-mail address")
+    return _normalize_member(principal)
+
+
+def parse_tokens(data: object, source: str = "tokens") -> dict[str, tuple[str, ...]]:
+    """Check a tokens mapping (token -> principal, or -> list of principals) and normalize it."""
+    if not isinstance(data, Mapping):
+        raise IamConfigError(
+            f'{source}: expected a JSON object from token to principal, like {{"t-alice": '
+            f'"user:alice@example.com"}}; got {type(data).__name__}'
+        )
+    tokens: dict[str, tuple[str, ...]] = {}
+    for token, principals in data.items():
+        where = f"{source}: token {token!r}"
+        if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+            raise IamConfigError(f"{where}: a token must be a non-empty string without spaces")
+        listed = [principals] if isinstance(principals, str) else principals
+        if not isinstance(listed, (list, tuple)) or not listed:
+            raise IamConfigError(f"{where}: expected a principal or a non-empty list of principals")
+        tokens[token] = tuple(_check_principal(principal, where) for principal in listed)
+    return tokens
+
+
+def _check_member(member: object, where: str) -> str:
+    if isinstance(member, str) and member in _PUBLIC_MEMBERS:
+        return member
+    if not isinstance(member, str) or not member.startswith(_MEMBER_PREFIXES) or member.endswith(":"):
+        raise IamConfigError(
+            f"{where}: unknown member {member!r}; members are user:, serviceAccount:, group:, domain: "
+            "followed by an address or domain, allUsers or allAuthenticatedUsers"
+        )
+    return _normalize_member(member)
+
+
+def parse_policy(data: object, source: str = "policy") -> dict[str, frozenset[str]]:
+    """Check a policy in IAM's JSON form (``{"bindings": [{"role": ..., "members": [...]}]}``).
+
+    Returns role -> members. Unknown roles, unknown member kinds and conditional bindings are refused.
+    """
+    if not isinstance(data, Mapping):
+        raise IamConfigError(f'{source}: expected a JSON object like {{"bindings": [...]}}')
+    unknown_keys = set(data) - {"bindings", "etag", "version", "auditConfigs"}
+    if unknown_keys:
+        raise IamConfigError(f"{source}: unknown field(s) {', '.join(sorted(unknown_keys))}")
+    bindings = data.get("bindings", [])
+    if not isinstance(bindings, list):
+        raise IamConfigError(f"{source}: 'bindings' must be a list")
+    roles: dict[str, set[str]] = {}
+    for index, binding in enumerate(bindings):
+        where = f"{source}: bindings[{index}]"
+        if not isinstance(binding, Mapping):
+            raise IamConfigError(f"{where}: expected an object with 'role' and 'members'")
+        if "condition" in binding:
+            raise IamConfigError(f"{where}: conditional bindings are not supported by the local server")
+        role = binding.get("role")
+        if role not in ROLE_PERMISSIONS:
+            raise IamConfigError(
+                f"{where}: unknown role {role!r}; known roles: {', '.join(sorted(ROLE_PERMISSIONS))}"
+            )
+        members = binding.get("members")
+        if not isinstance(members, list):
+            raise IamConfigError(f"{where}: 'members' must be a list")
+        roles.setdefault(role, set()).update(_check_member(member, where) for member in members)
+    return {role: frozenset(members) for role, members in roles.items()}
+
+
+def _read_json(path: str | os.PathLike[str], what: str) -> object:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise IamConfigError(f"cannot read the {what} file {os.fspath(path)}: {error.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise IamConfigError(f"{os.fspath(path)}: not valid JSON ({error})") from None
+
+
+class IamConfig:
+    """What an enforcing server knows: which token is whom, and the policy every project starts with.
+
+    ``tokens`` maps a bearer token to a principal (``"user:alice@example.com"``) or a list of them;
+    ``policy`` is the project-level policy in IAM's JSON form, applied to every project. Both are checked
+    here (:class:`IamConfigError`, a ``ValueError``, names the bad entry).
+    """
+
+    def __init__(
+        self, tokens: Mapping[str, str | Sequence[str]], policy: Mapping[str, Any] | None = None
+    ) -> None:
+        self.tokens: Mapping[str, tuple[str, ...]] = parse_tokens(tokens)
+        self.project_policy: Mapping[str, frozenset[str]] = parse_policy(policy if policy is not None else {})
+
+    @classmethod
+    def from_files(
+        cls, tokens_file: str | os.PathLike[str], policy_file: str | os.PathLike[str] | None = None
+    ) -> IamConfig:
+        """Read the tokens file and (optionally) the project policy file, both JSON."""
+        tokens = parse_tokens(_read_json(tokens_file, "tokens"), os.fspath(tokens_file))
+        policy: Any = None
+        if policy_file is not None:
+            policy = _read_json(policy_file, "policy")
+            parse_policy(policy, os.fspath(policy_file))  # errors name the file, not just "policy"
+        return cls(tokens, policy)
+
+    def __repr__(self) -> str:
+        return f"IamConfig({len(self.tokens)} tokens, project roles: {sorted(self.project_policy)})"
+
+
+# ------------------------------------------------------------------------------------------- enforcer
+def _unauthenticated(message: str) -> ServiceError:
+    return ServiceError(StatusCode.UNAUTHENTICATED, message)
+
+
+def _denied() -> ServiceError:
+    return ServiceError(StatusCode.PERMISSION_DENIED, PERMISSION_DENIED_MESSAGE)
+
+
+def _project_of(resource: str) -> str:
+    """``projects/p`` of a project, topic or subscription name; INVALID_ARGUMENT if it is none of them."""
+    parts = resource.split("/")
+    if len(parts) == 2:
+        check_project(resource)
+    elif len(parts) == 4 and parts[2] in ("topics", "subscriptions"):
+        check_name(resource, parts[2])
+    else:
+        raise invalid(
+            f"Invalid resource name given (name={resource}). Expected a project, topic or subscription."
+        )
+    return "/".join(parts[:2])
+
+
+def _bindings(policy: Any) -> Iterable[tuple[str, Iterable[str]]]:
+    """(role, members) of a stored ``google.iam.v1.Policy``; conditional bindings grant nothing here."""
+    for binding in policy.bindings:
+        if binding.HasField("condition"):
+            continue
+        yield binding.role, binding.members
+
+
+class IamEnforcer:
+    """The enforcing :class:`Authorizer`: the config's tokens and project policy, plus resource policies.
+
+    ``policy_of(resource)`` returns the policy stored on a topic or subscription through SetIamPolicy
+    (``None`` if there is none); the server binds it to its core.
+    """
+
+    def __init__(self, config: IamConfig, policy_of: Callable[[str], Any | None] | None = None) -> None:
+        self.config = config
+        self._policy_of = policy_of or (lambda resource: None)
+
+    def principals(self, metadata: Metadata) -> tuple[str, ...]:
+        """Who the caller is, from ``authorization: Bearer <token>``; UNAUTHENTICATED if unknown."""
+        header: str | bytes | None = None
+        for key, value in metadata:
+            if key.lower() == "authorization":
+                header = value
+                break
+        if header is None:
+            raise _unauthenticated(MISSING_CREDENTIALS_MESSAGE)
+        if isinstance(header, bytes):
+            header = header.decode("utf-8", "replace")
+        scheme, _, token = header.strip().partition(" ")
+        principals = self.config.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if principals is None:
+            raise _unauthenticated(INVALID_CREDENTIALS_MESSAGE)
+        return principals
+
+    @staticmethod
+    def _matches(member: str, principals: tuple[str, ...]) -> bool:
+        if member in _PUBLIC_MEMBERS or member in principals:
+            return True
+        if member.startswith("domain:"):
+            suffix = "@" + member[len("domain:") :]
+            return any(p.startswith("user:") and p.endswith(suffix) for p in principals)
+        return False
+
+    def permissions(self, principals: tuple[str, ...], resource: str) -> set[str]:
+        """Every permission the principals hold on ``resource`` (project policy plus resource policy)."""
+        _project_of(resource)
+        held: set[str] = set()
+        for role, members in self.config.project_policy.items():
+            if any(self._matches(member, principals) for member in members):
+                held |= ROLE_PERMISSIONS[role]
+        if resource.count("/") == 3:
+            policy = self._policy_of(resource)
+            if policy is not None:
+                applicable = SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in resource else TOPIC_PERMISSIONS
+                for role, members in _bindings(policy):
+                    # Unknown roles (accepted by SetIamPolicy) grant nothing.
+                    role_permissions = ROLE_PERMISSIONS.get(role, frozenset()) & applicable
+                    if role_permissions and any(
+                        self._matches(_normalize_member(member), principals) for member in members
+                    ):
+                        held |= role_permissions
+        return held
+
+    async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
+        """Allow, or raise UNAUTHENTICATED / INVALID_ARGUMENT (bad name) / PERMISSION_DENIED."""
+        principals = self.principals(metadata)
+        if permission not in self.permissions(principals, resource):
+            raise _denied()
+
+    async def granted(self, metadata: Metadata, resource: str, permissions: Sequence[str]) -> list[str]:
+        """The asked permissions the caller holds on ``resource``, in the order asked."""
+        held = self.permissions(self.principals(metadata), resource)
+        return [permission for permission in permissions if permission in held]
+
+    def __repr__(self) -> str:
+        return f"IamEnforcer({self.config!r})"

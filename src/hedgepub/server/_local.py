@@ -20,7 +20,7 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._faults import FaultInjector
-from hedgepub.server._iam import Authorizer
+from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
 
@@ -50,7 +50,9 @@ class AsyncLocalServer:
     ``data_dir`` holds the SQLite database; ``in_memory=True`` keeps nothing on disk. One of the two is
     required (:class:`LocalServer` adds the temporary-directory default). ``faults`` is the
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
-    not given). ``authorizer`` decides IAM checks (default: allow everything).
+    not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
+    project policy; default: off, every call allowed); ``authorizer`` plugs in any other
+    :class:`~hedgepub.server.Authorizer` instead.
     """
 
     def __init__(
@@ -61,11 +63,17 @@ class AsyncLocalServer:
         data_dir: str | os.PathLike[str] | None = None,
         in_memory: bool = False,
         faults: FaultInjector | None = None,
+        iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
     ) -> None:
         if faults is None:
             faults = FaultInjector()
+        if iam is not None and authorizer is not None:
+            raise ValueError("give iam= (IAM enforcement) or authorizer= (a custom one), not both")
+        if iam is not None and not isinstance(iam, IamConfig):
+            raise TypeError(f"iam must be an IamConfig or None; got {type(iam).__name__}")
+        self.iam = iam
         self.host = host
         self.requested_port = port
         self.data_dir = data_dir
@@ -90,8 +98,11 @@ class AsyncLocalServer:
         # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
         snapshot = await loop.run_in_executor(None, store.load)
         core.load(snapshot)
+        authorizer = self._authorizer
+        if self.iam is not None:
+            authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, self._authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
         try:
             port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
         except RuntimeError:  # grpc's way of saying the address could not be bound
@@ -138,6 +149,7 @@ async def serve(
     data_dir: str | os.PathLike[str] | None = None,
     in_memory: bool = False,
     faults: FaultInjector | None = None,
+    iam: IamConfig | None = None,
     authorizer: Authorizer | None = None,
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
@@ -148,7 +160,7 @@ async def serve(
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
     """
     server = AsyncLocalServer(
-        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, authorizer=authorizer
+        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
     )
     await server.start()
     try:
@@ -167,7 +179,8 @@ class LocalServer:
 
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
-    temporary directory that is removed when it stops.
+    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
+    :class:`AsyncLocalServer`).
     """
 
     def __init__(
@@ -178,11 +191,12 @@ class LocalServer:
         in_memory: bool = False,
         faults: FaultInjector | None = None,
         *,
+        iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, authorizer=authorizer
+            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -77,8 +77,11 @@ class PubSubServicer:
         if not self._enforcing:
             return
         metadata = tuple(context.invocation_metadata() or ())
-        for permission, path in _iam.RPC_PERMISSIONS.get(method, ()):
+        for permission, path, on_topic in _iam.RPC_PERMISSIONS.get(method, ()):
             resource = _field(request, path)
+            if on_topic:
+                # Checked on the subscription's topic; an unknown subscription leaves the project's policy.
+                resource = self.core.topic_of_subscription(resource) or resource
             if method.endswith("IamPolicy"):
                 permission = _iam.resource_permission(resource, permission)
             await self.authorizer.check(metadata, permission, resource)
