@@ -15,6 +15,12 @@ Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
 
+On a plain-text channel, ``credentials`` given explicitly still identify the caller: their token goes in
+``authorization: Bearer ...`` metadata on every call (gRPC refuses call credentials without TLS), which is
+how a local server with IAM enforcement (``hedgepub serve --iam enforce``) learns who publishes, e.g.
+``credentials=google.oauth2.credentials.Credentials("t-alice")`` with ``endpoint="http://127.0.0.1:8085"``
+or ``PUBSUB_EMULATOR_HOST``. Without explicit credentials nothing is sent, as before.
+
 gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
 
     grpc.aio.AioRpcError(code=grpc.StatusCode.X)  ->  hedgepub.RpcError(StatusCode.X, details)
@@ -143,14 +149,36 @@ def _has_port(host: str) -> bool:
     return host.count(":") == 1
 
 
+class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds google-auth credentials' ``authorization`` header to each call on a plain-text channel."""
+
+    def __init__(self, credentials: Any) -> None:
+        self._credentials = credentials
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        credentials = self._credentials
+        if not credentials.valid:
+            import google.auth.transport.requests
+
+            # Refreshing may block on HTTP; keep the event loop free meanwhile.
+            await asyncio.get_running_loop().run_in_executor(
+                None, credentials.refresh, google.auth.transport.requests.Request()
+            )
+        headers: dict[str, str] = {}
+        credentials.apply(headers)
+        metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
+        return await continuation(client_call_details._replace(metadata=metadata), request)
+
+
 def create_channel(target: ChannelTarget, credentials: object | None = None) -> grpc.aio.Channel:
     """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
 
     A secure channel carries google-auth credentials: the ones given, or Application Default
-    Credentials.
+    Credentials. A plain-text channel carries only credentials given explicitly, as metadata.
     """
     if not target.secure:
-        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS)
+        interceptors = [_BearerTokenInterceptor(credentials)] if credentials is not None else None
+        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
     import google.auth
     import google.auth.transport.grpc
     import google.auth.transport.requests
