@@ -32,10 +32,16 @@ from google.pubsub_v1.types import pubsub
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient, RetrySettings
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
-
 ROUNDS = int(os.environ.get("HEDGEPUB_TRUST_ROUNDS", "") or 4)
 ROUND_SECONDS = float(os.environ.get("HEDGEPUB_TRUST_ROUND_SECONDS", "") or 1.0)
+
+pytestmark = [
+    pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL"),
+    pytest.mark.slow,
+    # A round takes a few seconds (restart, reconnect, publish); the long setting needs more than the
+    # project-wide 300 s.
+    pytest.mark.timeout(120 + ROUNDS * (15 + ROUND_SECONDS)),
+]
 SEED = int(os.environ.get("HEDGEPUB_TRUST_SEED", "") or 20261129)
 
 TOPIC = "projects/trust/topics/crash"

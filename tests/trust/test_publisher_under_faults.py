@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import grpc
+import pytest
 from google.pubsub_v1.types import pubsub
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient, RetrySettings, StatusCode
@@ -28,6 +29,8 @@ TOPIC = "projects/trust/topics/under-faults"
 #: 2% of Publish calls stall for 3 s before the handler runs (so before the commit); the rest take 1 ms.
 LATENCY = "98%:1ms,2%:3s"
 UNAVAILABLE_RATE = 0.20
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240 + MESSAGES // 100)]
 
 
 def test_every_future_resolves_and_every_id_is_stored_under_faults() -> None:
