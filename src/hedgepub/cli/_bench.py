@@ -19,6 +19,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from hedgepub import HedgepubError
 from hedgepub.bench import (
     DEFAULT_MIX,
     BenchConfig,
@@ -196,8 +197,11 @@ def bench(
         f"hedge delay {config.hedge_delay * 1000:g} ms, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )
-    with _ProgressBar(console) as progress:
-        run = asyncio.run(run_bench(config, progress))
+    try:
+        with _ProgressBar(console) as progress:
+            run = asyncio.run(run_bench(config, progress))
+    except HedgepubError as error:  # the warm-up publishes must succeed: nothing was measured yet
+        raise click.ClickException(f"the bench could not run: {error}") from error
     print_report(run.document, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
