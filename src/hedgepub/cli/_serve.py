@@ -1,0 +1,192 @@
+"""``hedgepub serve``: run the local Pub/Sub-compatible server until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from hedgepub.server import AsyncLocalServer, FaultInjector, IamConfig
+
+#: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
+#: directory, so each project gets its own, and a .gitignore entry keeps it out of version control).
+DEFAULT_DATA_DIR = ".hedgepub-data"
+
+_FAULT_HELP = (
+    "A fault rule, repeatable: METHOD:latency=P%:DURATION[,...] and/or METHOD:error=CODE:P%[,...], "
+    "joined by ';'. METHOD is a short name (Publish, StreamingPull, GetIamPolicy, ...), a full path or '*'. "
+    "Example: 'Publish:latency=95%:5ms,4%:300ms,1%:4s;error=UNAVAILABLE:2%'."
+)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8085, show_default=True, help="Port (0: any free one)."
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help=f"SQLite data directory, created if missing.  [default: ./{DEFAULT_DATA_DIR}]",
+)
+@click.option("--in-memory", is_flag=True, help="Keep everything in memory (lost on exit).")
+@click.option("--fault", "faults", multiple=True, metavar="SPEC", help=_FAULT_HELP)
+@click.option(
+    "--faults-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='Fault rules as JSON: {"Publish": {"latency": "95%:5ms,5%:300ms", "errors": {"UNAVAILABLE": 0.2}}}.',
+)
+@click.option("--seed", type=int, default=None, help="Seed of the fault draws, for repeatable runs.")
+@click.option(
+    "--iam",
+    "iam_mode",
+    type=click.Choice(["off", "enforce"]),
+    default="off",
+    show_default=True,
+    help="IAM enforcement: callers send 'authorization: Bearer TOKEN' and need the real permissions.",
+)
+@click.option(
+    "--iam-tokens",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='With --iam enforce: JSON object from token to principal, {"t-alice": "user:alice@example.com"}.',
+)
+@click.option(
+    "--iam-policy",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='With --iam enforce: project-level policy for every project, {"bindings": [{"role": ..., '
+    '"members": [...]}]}.',
+)
+def serve(
+    host: str,
+    port: int,
+    data_dir: Path | None,
+    in_memory: bool,
+    faults: tuple[str, ...],
+    faults_file: Path | None,
+    seed: int | None,
+    iam_mode: str,
+    iam_tokens: Path | None,
+    iam_policy: Path | None,
+) -> None:
+    """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
+
+    Prints the `export PUBSUB_EMULATOR_HOST=...` line that points the official clients (and hedgepub)
+    at it. Requests are logged with `hedgepub -vv serve`.
+    """
+    started = time.perf_counter()
+    if in_memory and data_dir is not None:
+        raise click.UsageError("--data-dir and --in-memory exclude each other: choose one.")
+
+    # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
+    from hedgepub.server import FaultInjector
+
+    try:
+        injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
+    except ValueError as error:
+        option = "--fault" if faults else "--faults-file"
+        raise click.BadParameter(str(error), param_hint=f"'{option}'") from None
+
+    iam = _iam_config(iam_mode, iam_tokens, iam_policy)
+
+    if not in_memory:
+        data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
+        data_dir.mkdir(parents=True, exist_ok=True)
+    storage = "in memory (lost on exit)" if in_memory else f"SQLite in {data_dir}"
+
+    announced = False
+
+    def announce(server: AsyncLocalServer) -> None:
+        nonlocal announced
+        announced = True
+        click.echo(f"hedgepub server listening on {server.address}, storage {storage}", err=True)
+        for name, rule in injector.rules.items():
+            click.echo(f"fault injection on {name}: {rule}", err=True)
+        if iam is not None:
+            click.echo(f"IAM enforcement on: {iam!r}", err=True)
+        elapsed = time.perf_counter() - started
+        click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
+        click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+        sys.stdout.flush()
+
+    try:
+        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam))
+    except KeyboardInterrupt:
+        # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
+        pass
+    except (OSError, RuntimeError) as error:
+        # gRPC reports a port it cannot bind as RuntimeError; both mean the server never started.
+        if announced:
+            raise
+        raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
+    counts = injector.counts
+    if counts.calls:
+        click.echo(
+            f"fault injection: {counts.calls} calls met a rule, "
+            f"{counts.delayed} delayed, {counts.failed} failed",
+            err=True,
+        )
+
+
+async def _run(
+    host: str,
+    port: int,
+    data_dir: Path | None,
+    injector: FaultInjector,
+    announce: Callable[[AsyncLocalServer], None],
+    iam: IamConfig | None = None,
+) -> None:
+    """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
+    from hedgepub.server import serve as run_server
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def request_stop(signum: signal.Signals) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        click.echo("shutting down", err=True)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # no loop signal handlers on Windows
+            loop.add_signal_handler(signum, request_stop, signum)
+    await run_server(
+        host,
+        port,
+        data_dir=data_dir,
+        in_memory=data_dir is None,
+        faults=injector,
+        iam=iam,
+        on_started=announce,
+        stop=stop,
+        grace=1.0,
+    )
+
+
+def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:
+    """The IAM configuration asked for on the command line, or None when enforcement is off."""
+    if mode == "off":
+        if tokens is not None or policy is not None:
+            raise click.UsageError("--iam-tokens and --iam-policy need --iam enforce.")
+        return None
+    if tokens is None:
+        raise click.UsageError("--iam enforce needs --iam-tokens FILE (who each bearer token is).")
+    from hedgepub.server import IamConfig, IamConfigError
+
+    try:
+        return IamConfig.from_files(tokens, policy)
+    except IamConfigError as error:
+        raise click.BadParameter(str(error), param_hint="'--iam-tokens' / '--iam-policy'") from None

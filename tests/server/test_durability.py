@@ -1,0 +1,179 @@
+"""Restart durability: ``kill -9`` the SQLite-backed server while it publishes; nothing acknowledged is lost.
+
+Publishers send batches continuously over raw gRPC and remember every message the server acknowledged
+(answered with IDs). The server is killed at a random moment, restarted on the same data directory,
+and a subscription created before publishing must then deliver every acknowledged message, with the
+same ID. Raw gRPC (rather than the official client) makes "acknowledged" exact: a message counts only if
+its Publish call returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.pubsub_v1.types import pubsub as pubsub_types
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
+
+_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
+PROJECT = "durability"
+TOPIC = f"projects/{PROJECT}/topics/events"
+SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/events-sub"
+
+Topic: Any = pubsub_types.Topic.pb()
+Subscription: Any = pubsub_types.Subscription.pb()
+PublishRequest: Any = pubsub_types.PublishRequest.pb()
+PublishResponse: Any = pubsub_types.PublishResponse.pb()
+PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
+PullRequest: Any = pubsub_types.PullRequest.pb()
+PullResponse: Any = pubsub_types.PullResponse.pb()
+AcknowledgeRequest: Any = pubsub_types.AcknowledgeRequest.pb()
+GetSubscriptionRequest: Any = pubsub_types.GetSubscriptionRequest.pb()
+
+
+def _unary(channel: grpc.aio.Channel, path: str, response_class: Any) -> Any:
+    return channel.unary_unary(
+        path,
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=response_class.FromString,
+    )
+
+
+class Server:
+    """``hedgepub serve`` on a data directory, in a subprocess that can be killed with SIGKILL."""
+
+    def __init__(self, data_dir: Path, log_path: Path) -> None:
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [*_CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            start_new_session=True,
+        )
+        line: list[bytes] = []
+        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(15)
+        text = line[0].decode().strip() if line else ""
+        if not text.startswith("export PUBSUB_EMULATOR_HOST="):
+            self.kill()
+            pytest.fail(f"server did not start: {text!r}\n{log_path.read_text(errors='replace')}")
+        self.address = text.split("=", 1)[1]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+        self._log.close()
+
+
+async def _publish_until_killed(address: str, acknowledged: dict[str, bytes], publishers: int) -> int:
+    """Publish batches from several tasks until the server goes away; return the failed calls."""
+    failures = 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        publish = _unary(channel, "/google.pubsub.v1.Publisher/Publish", PublishResponse)
+        counter = iter(range(10**9))
+
+        async def publisher(worker: int) -> None:
+            nonlocal failures
+            while True:
+                datas = [f"w{worker}-m{next(counter)}".encode() for _ in range(random.randint(1, 50))]
+                request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=data) for data in datas])
+                try:
+                    response = await publish(request, timeout=5)
+                except grpc.aio.AioRpcError:
+                    failures += 1
+                    return
+                assert len(response.message_ids) == len(datas)
+                acknowledged.update(zip(response.message_ids, datas, strict=True))
+
+        await asyncio.gather(*(publisher(worker) for worker in range(publishers)))
+    return failures
+
+
+async def _drain(address: str) -> dict[str, bytes]:
+    """Pull (and ack) everything the subscription holds; message ID -> data."""
+    received: dict[str, bytes] = {}
+    async with grpc.aio.insecure_channel(address) as channel:
+        pull = _unary(channel, "/google.pubsub.v1.Subscriber/Pull", PullResponse)
+        acknowledge = channel.unary_unary(
+            "/google.pubsub.v1.Subscriber/Acknowledge",
+            request_serializer=lambda message: message.SerializeToString(),
+        )
+        empty_pulls = 0
+        while empty_pulls < 2:
+            response = await pull(PullRequest(subscription=SUBSCRIPTION, max_messages=1000), timeout=10)
+            if not response.received_messages:
+                empty_pulls += 1
+                continue
+            for received_message in response.received_messages:
+                received[received_message.message.message_id] = bytes(received_message.message.data)
+            await acknowledge(
+                AcknowledgeRequest(
+                    subscription=SUBSCRIPTION,
+                    ack_ids=[message.ack_id for message in response.received_messages],
+                ),
+                timeout=10,
+            )
+    return received
+
+
+async def _create(address: str) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        await _unary(channel, "/google.pubsub.v1.Publisher/CreateTopic", Topic)(Topic(name=TOPIC), timeout=10)
+        await _unary(channel, "/google.pubsub.v1.Subscriber/CreateSubscription", Subscription)(
+            Subscription(name=SUBSCRIPTION, topic=TOPIC), timeout=10
+        )
+
+
+async def _get_subscription(address: str) -> Any:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await _unary(channel, "/google.pubsub.v1.Subscriber/GetSubscription", Subscription)(
+            GetSubscriptionRequest(subscription=SUBSCRIPTION), timeout=10
+        )
+
+
+def test_kill_9_while_publishing_loses_no_acknowledged_message(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    log_path = tmp_path / "serve.log"
+    rounds = 3
+    acknowledged: dict[str, bytes] = {}
+
+    server = Server(data_dir, log_path)
+    try:
+        asyncio.run(_create(server.address))
+        for round_number in range(rounds):
+            kill_after = random.uniform(0.2, 0.6)
+            timer = threading.Timer(kill_after, server.kill)
+            timer.start()
+            before = len(acknowledged)
+            started = time.perf_counter()
+            asyncio.run(_publish_until_killed(server.address, acknowledged, publishers=4))
+            timer.join()
+            print(
+                f"round {round_number}: killed after {kill_after:.2f} s "
+                f"({time.perf_counter() - started:.2f} s), {len(acknowledged) - before} messages acknowledged"
+            )
+            assert len(acknowledged) > before, "nothing was published before the kill"
+            server = Server(data_dir, log_path)
+            # Topic and subscription come back with the data.
+            assert asyncio.run(_get_subscription(server.address)).topic == TOPIC
+
+        received = asyncio.run(_drain(server.address))
+        missing = set(acknowledged) - set(received)
+        assert not missing, f"{len(missing)} of {len(acknowledged)} acknowledged messages lost"
+        assert {message_id: received[message_id] for message_id in acknowledged} == acknowledged
+    finally:
+        server.kill()

@@ -1,0 +1,198 @@
+"""``hedgepub serve`` as a real subprocess: startup time, the official client through it, clean shutdown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="sends POSIX signals to the server process")
+
+# Runs the CLI the way the `hedgepub` script does, without depending on the script being on PATH.
+_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
+
+
+class ServeProcess:
+    """A ``hedgepub serve`` subprocess; stderr goes to a file so that logging can never block it."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [*_CLI, *args], stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True
+        )
+        self.export_line = _read_line(self.process, timeout=15.0)
+        self.startup_seconds = time.perf_counter() - started
+        prefix = "export PUBSUB_EMULATOR_HOST="
+        assert self.export_line.startswith(prefix), (self.export_line, self.log())
+        self.address = self.export_line[len(prefix) :]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = 10.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.wait()
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line the process prints, or a failure after ``timeout`` seconds."""
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    if not line:
+        process.kill()
+        pytest.fail(f"hedgepub serve printed nothing within {timeout} s")
+    return line[0].decode().strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[list[ServeProcess]]:
+    """Start servers with ``serve[0] = ServeProcess(...)``-like calls; kills any left running."""
+    started: list[ServeProcess] = []
+    yield started
+    for process in started:
+        process.kill()
+
+
+def _start(started: list[ServeProcess], tmp_path: Path, *args: str) -> ServeProcess:
+    process = ServeProcess(list(args), tmp_path / f"serve-{len(started)}.log")
+    started.append(process)
+    return process
+
+
+def test_official_client_publishes_through_serve_and_sigterm_exits_cleanly(
+    serve: list[ServeProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.cloud import pubsub_v1
+
+    port = _free_port()
+    data_dir = tmp_path / "data"
+    server = _start(serve, tmp_path, "-vv", "serve", "--port", str(port), "--data-dir", str(data_dir))
+    assert server.address == f"127.0.0.1:{port}"
+    # Interpreter start and imports included; the server itself reports its own "ready in" time.
+    print(f"hedgepub serve: export line after {server.startup_seconds:.2f} s")
+    assert server.startup_seconds < 3.0
+
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+    publisher = pubsub_v1.PublisherClient()
+    subscriber = pubsub_v1.SubscriberClient()
+    topic = publisher.topic_path("serve-test", "orders")
+    subscription = subscriber.subscription_path("serve-test", "orders-sub")
+    try:
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(name=subscription, topic=topic)
+        futures = [publisher.publish(topic, f"order {n}".encode(), origin="test") for n in range(20)]
+        message_ids = {future.result(timeout=10) for future in futures}
+        assert len(message_ids) == 20
+        received = subscriber.pull(subscription=subscription, max_messages=100, timeout=10).received_messages
+        assert {message.message.message_id for message in received} <= message_ids
+        assert all(message.message.attributes["origin"] == "test" for message in received)
+    finally:
+        publisher.transport.close()
+        subscriber.close()
+
+    assert (data_dir).is_dir() and any(data_dir.iterdir())
+    server.process.send_signal(signal.SIGTERM)
+    assert server.wait() == 0, server.log()
+    log = server.log()
+    assert "shutting down" in log
+    assert "Traceback" not in log
+    # -vv logs every request at debug level.
+    assert "Publish OK" in log and "CreateTopic OK" in log
+
+
+def test_ctrl_c_exits_cleanly_and_faults_apply(
+    serve: list[ServeProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.api_core import exceptions
+    from google.cloud import pubsub_v1
+
+    server = _start(
+        serve,
+        tmp_path,
+        "serve",
+        "--port",
+        "0",
+        "--in-memory",
+        "--seed",
+        "1",
+        "--fault",
+        "GetTopic:error=PERMISSION_DENIED:100%",
+        "--fault",
+        "CreateTopic:latency=200ms",
+    )
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+    publisher = pubsub_v1.PublisherClient()
+    topic = publisher.topic_path("serve-test", "slow")
+    try:
+        started = time.perf_counter()
+        publisher.create_topic(name=topic)
+        assert time.perf_counter() - started >= 0.2
+        with pytest.raises(exceptions.PermissionDenied, match="injected"):
+            publisher.get_topic(topic=topic, retry=None)
+    finally:
+        publisher.transport.close()
+    server.process.send_signal(signal.SIGINT)
+    assert server.wait() == 0, server.log()
+    log = server.log()
+    assert "fault injection on GetTopic: error=PERMISSION_DENIED:100%" in log
+    assert "fault injection: 2 calls met a rule, 1 delayed, 1 failed" in log
+    assert "Traceback" not in log
+
+
+def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    from hedgepub.cli import main
+
+    result = runner.invoke(main, ["serve", "--fault", "Publsh:latency=5ms"])
+    assert result.exit_code == 2
+    assert "unknown RPC method 'Publsh'" in result.output
+
+    result = runner.invoke(main, ["serve", "--fault", "Publish:latency=95%:5ms,10%:1s"])
+    assert result.exit_code == 2
+    assert "more than 100%" in result.output
+
+    result = runner.invoke(main, ["serve", "--in-memory", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "exclude each other" in result.output
+
+    faults_file = tmp_path / "faults.json"
+    faults_file.write_text('{"Publish": {"errors": {"UNAVAILABLE": 3}}}')
+    result = runner.invoke(main, ["serve", "--faults-file", str(faults_file)])
+    assert result.exit_code == 2
+    assert "faults file" in result.output
+
+
+def test_port_in_use_is_a_clear_error(serve: list[ServeProcess], tmp_path: Path) -> None:
+    first = _start(serve, tmp_path, "serve", "--port", "0", "--in-memory")
+    port = first.address.rsplit(":", 1)[1]
+    second = subprocess.run(
+        [*_CLI, "serve", "--port", port, "--in-memory"], capture_output=True, timeout=15, text=True
+    )
+    assert second.returncode == 1
+    assert f"cannot start the server on 127.0.0.1:{port}" in second.stderr
