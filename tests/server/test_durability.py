@@ -103,30 +103,24 @@ async def _publish_until_killed(address: str, acknowledged: dict[str, bytes], pu
     return failures
 
 
-async def _drain(address: str) -> dict[str, bytes]:
-    """Pull (and ack) everything the subscription holds; message ID -> data."""
+async def _drain(address: str, expected: set[str], timeout: float = 20.0) -> dict[str, bytes]:
+    """Pull (and ack) until every ``expected`` ID has arrived or ``timeout`` passes; message ID -> data."""
     received: dict[str, bytes] = {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     async with grpc.aio.insecure_channel(address) as channel:
         pull = _unary(channel, "/google.pubsub.v1.Subscriber/Pull", PullResponse)
         acknowledge = channel.unary_unary(
             "/google.pubsub.v1.Subscriber/Acknowledge",
             request_serializer=lambda message: message.SerializeToString(),
         )
-        empty_pulls = 0
-        while empty_pulls < 2:
+        while not expected <= received.keys() and loop.time() < deadline:
             response = await pull(PullRequest(subscription=SUBSCRIPTION, max_messages=1000), timeout=10)
-            if not response.received_messages:
-                empty_pulls += 1
-                continue
             for received_message in response.received_messages:
                 received[received_message.message.message_id] = bytes(received_message.message.data)
-            await acknowledge(
-                AcknowledgeRequest(
-                    subscription=SUBSCRIPTION,
-                    ack_ids=[message.ack_id for message in response.received_messages],
-                ),
-                timeout=10,
-            )
+            if response.received_messages:
+                ack_ids = [message.ack_id for message in response.received_messages]
+                await acknowledge(AcknowledgeRequest(subscription=SUBSCRIPTION, ack_ids=ack_ids), timeout=10)
     return received
 
 
@@ -171,7 +165,7 @@ def test_kill_9_while_publishing_loses_no_acknowledged_message(tmp_path: Path) -
             # Topic and subscription come back with the data.
             assert asyncio.run(_get_subscription(server.address)).topic == TOPIC
 
-        received = asyncio.run(_drain(server.address))
+        received = asyncio.run(_drain(server.address, set(acknowledged)))
         missing = set(acknowledged) - set(received)
         assert not missing, f"{len(missing)} of {len(acknowledged)} acknowledged messages lost"
         assert {message_id: received[message_id] for message_id in acknowledged} == acknowledged
