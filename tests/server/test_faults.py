@@ -303,15 +303,41 @@ async def echo() -> AsyncIterator[tuple[_EchoServer, grpc.aio.Channel]]:
         await server.server.stop(None)
 
 
-async def _call(channel: grpc.aio.Channel, method: str, timeout: float | None = 5.0) -> list[bytes]:
+async def _write_then_read(call: Any, requests: list[bytes]) -> list[bytes]:
+    """Drive a client-streaming call: send ``requests`` (if any), then read to the end.
+
+    With no requests the client neither writes nor half-closes. Calls that expect an injected error use
+    that: a grpc.aio client whose write races with the server's early answer may report its own
+    INTERNAL ("Internal error from Core") instead of the server's status.
+    """
+    for request in requests:
+        await call.write(request)
+    if requests:
+        await call.done_writing()
+    responses = []
+    if hasattr(call, "read"):
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        code = await call.code()
+        if code != grpc.StatusCode.OK:
+            metadata = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(code, metadata, metadata, await call.details())
+    else:
+        responses.append(await call)
+    return responses
+
+
+async def _call(
+    channel: grpc.aio.Channel, method: str, timeout: float | None = 5.0, *, expect_error: bool = False
+) -> list[bytes]:
     """Call ``method`` with its kind in the echo server; return the responses."""
+    requests = [] if expect_error else [b"a", b"b"]
     if method == STREAMING_PULL:
-        call = channel.stream_stream(method)(iter([b"a", b"b"]), timeout=timeout)
-        return [response async for response in call]
+        return await _write_then_read(channel.stream_stream(method)(timeout=timeout), requests)
     if method in (PULL, GET_TOPIC):
         return [response async for response in channel.unary_stream(method)(b"x", timeout=timeout)]
     if method == ACKNOWLEDGE:
-        return [await channel.stream_unary(method)(iter([b"a", b"b"]), timeout=timeout)]
+        return await _write_then_read(channel.stream_unary(method)(timeout=timeout), requests)
     return [await channel.unary_unary(method)(b"x", timeout=timeout)]
 
 
@@ -421,7 +447,7 @@ async def test_a_rule_on_every_method_fires(echo: tuple[_EchoServer, Any]) -> No
             short_name, FaultRule(latency="1ms", errors={StatusCode.FAILED_PRECONDITION: 1.0})
         )
         with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await _call(channel, path)
+            await _call(channel, path, expect_error=True)
         assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, short_name
         assert "injected" in (raised.value.details() or "")
     counts = server.injector.counts
@@ -432,7 +458,7 @@ async def test_a_rule_on_every_method_fires(echo: tuple[_EchoServer, Any]) -> No
     # With the rule gone, Seek (not served here) answers UNIMPLEMENTED as before.
     server.injector.clear()
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await _call(channel, METHODS["Seek"])
+        await _call(channel, METHODS["Seek"], expect_error=True)
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -442,7 +468,7 @@ async def test_the_wildcard_rule_covers_methods_without_their_own(echo: tuple[_E
     server.injector.set("Publish", "latency=1ms")
     assert await _call(channel, PUBLISH) == [b"ok:x"]
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await _call(channel, STREAMING_PULL)
+        await _call(channel, STREAMING_PULL, expect_error=True)
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
     assert server.injector.counts["StreamingPull"].errors == {StatusCode.UNAVAILABLE: 1}
 
