@@ -6,9 +6,9 @@ that has hedgepub installed::
     def test_publish(pubsub_server):
         # PUBSUB_EMULATOR_HOST points at the server for this test; official clients use it unchanged.
         publisher = pubsub_v1.PublisherClient()
-        publisher.create_topic(name="projects/p/topics/t")
-        publisher.publish("projects/p/topics/t", b"hi").result()
-        assert pubsub_server.messages("projects/p/topics/t")[0].data == b"hi"
+        publisher.create_topic(name="projects/p/topics/events")
+        publisher.publish("projects/p/topics/events", b"hi").result()
+        assert pubsub_server.messages("projects/p/topics/events")[0].data == b"hi"
 
 pytest imports this module at every start, so the server itself is imported only inside the fixture.
 """

@@ -7,7 +7,7 @@ Start it from Python::
     with LocalServer(in_memory=True) as server:   # ephemeral port on 127.0.0.1, own thread + loop
         os.environ["PUBSUB_EMULATOR_HOST"] = server.address
         ...
-        server.messages("projects/p/topics/t")     # what was published, as StoredMessage
+        server.messages("projects/p/topics/events")  # what was published, as StoredMessage
         server.faults.set("Publish", "latency=50ms")
 
 On an event loop you already run (the ``hedgepub serve`` command does this)::
