@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from google.cloud import pubsub_v1
 
-from hedgepub.server import FaultInjector, LocalServer
+from hedgepub.server import AsyncLocalServer, FaultInjector, LocalServer
 
 
 def test_temporary_data_dir_is_removed_on_exit() -> None:
@@ -28,6 +28,18 @@ def test_an_occupied_port_is_an_os_error() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match=f"127.0.0.1:{port}"):
             LocalServer(port=port, in_memory=True).start()
+
+
+async def test_an_address_grpc_cannot_bind_is_an_os_error_naming_it_with_grpcs_report_as_cause() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = AsyncLocalServer(port=port, in_memory=True)
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port} ") as raised:
+            await server.start()
+    assert isinstance(raised.value.__cause__, RuntimeError)  # grpc's own words stay in the traceback
+    assert server.core is None and "stopped" in repr(server)
 
 
 def test_faults_are_always_present(pubsub_server: LocalServer) -> None:

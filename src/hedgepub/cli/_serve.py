@@ -126,8 +126,7 @@ def serve(
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
-    except (OSError, RuntimeError) as error:
-        # gRPC reports a port it cannot bind as RuntimeError; both mean the server never started.
+    except OSError as error:  # the server never started (address taken, data directory unusable, ...)
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None

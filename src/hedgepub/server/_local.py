@@ -103,13 +103,15 @@ class AsyncLocalServer:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        where = f"{self.host}:{self.requested_port}"
         try:
-            port = server.add_insecure_port(f"{self.host}:{self.requested_port}")
-        except RuntimeError:  # grpc's way of saying the address could not be bound
-            port = 0
-        if port == 0:
+            port = server.add_insecure_port(where)
+            if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
+                raise RuntimeError(f"Failed to bind to address {where}")
+        except RuntimeError as error:
+            # The one place grpc's report becomes the OSError callers expect of a socket that cannot listen.
             await core.close()
-            raise OSError(f"could not listen on {self.host}:{self.requested_port} (address in use?)")
+            raise OSError(f"cannot listen on {where} (in use, or not an address of this machine)") from error
         await server.start()
         self.core = core
         self._server = server
