@@ -19,12 +19,14 @@ Each sealed batch becomes one task that runs the Publish RPC through the hedging
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import enum
 import itertools
 import logging
 import threading
 import uuid
+import weakref
 from collections import deque
 from typing import Any
 
@@ -59,6 +61,12 @@ _LOGGER = logging.getLogger("hedgepub")
 #: serve about 100 concurrent streams per connection, so more would only queue inside the channel, where
 #: the wait would count against the batch's deadline and hedge delay (and trigger pointless hedges).
 MAX_BATCHES_IN_FLIGHT = 100
+
+#: The longest a :class:`PublisherClient` that was never shut down keeps flushing once the interpreter
+#: exits (or once the client is garbage-collected): its implicit ``shutdown`` gets the smaller of this and
+#: the retry settings' total timeout. Long enough for transient errors to be retried, short enough that a
+#: dead endpoint does not hold a finished program for the default ten-minute total timeout.
+IMPLICIT_SHUTDOWN_TIMEOUT = 30.0
 
 
 class ClientState(enum.Enum):
@@ -644,7 +652,10 @@ class PublisherClient:
 
     ``publisher.publish(topic, b"data", **attributes)`` returns a :class:`concurrent.futures.Future`
     whose result is the message ID. The client runs its asyncio core on a private event-loop thread;
-    it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait.
+    it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
+    is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
+    :data:`IMPLICIT_SHUTDOWN_TIMEOUT`): when the interpreter exits normally, or in the background once
+    the client is garbage-collected. ``os._exit`` and fatal signals skip that.
 
     Args:
         hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.
@@ -682,18 +693,11 @@ class PublisherClient:
             clock=clock,
             sync_futures=True,
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="hedgepub-publisher", daemon=True)
-        self._shutdown_lock = threading.Lock()
-        self._closed = False
-        self._thread.start()
-        started = concurrent.futures.Future()  # type: ignore[var-annotated]
-        self._loop.call_soon_threadsafe(lambda: started.set_result(threading.get_ident()))
-        self._core.bind(self._loop, started.result())
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
+        self._runner = _LoopThread(self._core, min(retry_settings.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
+        # client, so the finalizer does not keep the client alive.
+        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
 
     topic_path = staticmethod(topic_path)
 
@@ -738,16 +742,10 @@ class PublisherClient:
         """
         if threading.get_ident() == self._core._loop_thread:
             raise RuntimeError("shutdown() cannot be called from a publish future's callback")
-        with self._shutdown_lock:
-            if self._closed:
-                return
-            try:
-                asyncio.run_coroutine_threadsafe(self._core.shutdown(timeout), self._loop).result()
-            finally:
-                self._closed = True
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join()
-                self._loop.close()
+        try:
+            self._runner.close(timeout)
+        finally:
+            self._finalizer.detach()
 
     def __enter__(self) -> PublisherClient:
         return self
@@ -757,3 +755,98 @@ class PublisherClient:
 
     def __repr__(self) -> str:
         return f"PublisherClient(state={self._core.state.value}, hedging={self._core.hedging!r})"
+
+
+#: The loop threads of every sync client not shut down yet, for _flush_at_exit.
+_OPEN_RUNNERS: set[_LoopThread] = set()
+_OPEN_RUNNERS_LOCK = threading.Lock()
+
+
+class _LoopThread:
+    """The private event loop of one :class:`PublisherClient` and the daemon thread that runs it.
+
+    The thread is a daemon so that a client left open never blocks the interpreter's exit; instead
+    :func:`_flush_at_exit` shuts every open one down. Nothing here refers back to the client, so a client
+    nobody holds any more is garbage-collected, and its finalizer calls :meth:`release`.
+    """
+
+    def __init__(self, core: _PublisherCore, implicit_timeout: float) -> None:
+        self.core = core
+        #: The ``shutdown`` timeout used when the client's owner never called it (exit, garbage collection).
+        self.implicit_timeout = implicit_timeout
+        self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._shutdown: concurrent.futures.Future[None] | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="hedgepub-publisher", daemon=True)
+        self._thread.start()
+        started: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(lambda: started.set_result(threading.get_ident()))
+        core.bind(self.loop, started.result())
+        with _OPEN_RUNNERS_LOCK:
+            _OPEN_RUNNERS.add(self)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def begin_close(self, timeout: float | None) -> concurrent.futures.Future[None] | None:
+        """Start the core's shutdown (once; later calls get the first one's future), without waiting."""
+        with self._lock:
+            if self._shutdown is None and not self._stopped:
+                self._shutdown = asyncio.run_coroutine_threadsafe(self.core.shutdown(timeout), self.loop)
+            return self._shutdown
+
+    def finish_close(self, shutdown: concurrent.futures.Future[None] | None) -> None:
+        """Wait for ``shutdown`` to end, then stop the loop and its thread (not from the loop's thread)."""
+        try:
+            if shutdown is not None:
+                shutdown.result()
+        finally:
+            with self._lock:
+                stop, self._stopped = not self._stopped, True
+            if stop:
+                with _OPEN_RUNNERS_LOCK:
+                    _OPEN_RUNNERS.discard(self)
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join()
+                self.loop.close()
+
+    def close(self, timeout: float | None) -> None:
+        """Shut the core down, wait for every future, stop the thread. Safe to call more than once."""
+        self.finish_close(self.begin_close(timeout))
+
+    def release(self) -> None:
+        """The client was garbage-collected without ``shutdown()``: shut down without blocking the caller.
+
+        Whichever thread dropped the client runs this, possibly the loop's own thread (a future's callback
+        holding the last reference) or one holding locks, so a separate non-daemon thread waits for the
+        flush; the interpreter waits for that thread at exit.
+        """
+        shutdown = self.begin_close(self.implicit_timeout)
+        if shutdown is None:
+            return
+        try:
+            closer = threading.Thread(target=self.finish_close, args=(shutdown,), name="hedgepub-closer")
+            closer.start()
+        except RuntimeError:  # the interpreter is past the point of starting threads
+            _LOGGER.debug("could not start a thread to finish a dropped publisher's shutdown")
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Publish what every sync client left open still holds before the interpreter exits.
+
+    The shutdowns run side by side, so the exit waits for the slowest client rather than for their sum;
+    each is bounded by its implicit timeout (see :data:`IMPLICIT_SHUTDOWN_TIMEOUT`). Registered when this
+    module is imported, after gRPC registered its own exit hooks, so it runs before them (hooks run last
+    registered, first run) while channels still work.
+    """
+    with _OPEN_RUNNERS_LOCK:
+        runners = list(_OPEN_RUNNERS)
+    shutdowns = [(runner, runner.begin_close(runner.implicit_timeout)) for runner in runners]
+    for runner, shutdown in shutdowns:
+        try:
+            runner.finish_close(shutdown)
+        except Exception:  # one client's failure must not keep the others from flushing
+            _LOGGER.exception("hedgepub: flushing a publisher at exit failed")

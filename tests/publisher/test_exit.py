@@ -1,0 +1,83 @@
+"""A sync client that is never shut down still publishes: at interpreter exit, or once garbage-collected."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from hedgepub import PublisherClient, RetrySettings
+from hedgepub.server import FaultRule, LocalServer
+
+
+def run_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter; it inherits PUBSUB_EMULATOR_HOST from the test."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
+def test_a_client_left_open_publishes_before_the_interpreter_exits(server: LocalServer, topic: str) -> None:
+    run_child(
+        """
+        import sys
+        from hedgepub import PublisherClient
+
+        publisher = PublisherClient()
+        publisher.publish(sys.argv[1], b"left open", origin="child")
+        """,
+        topic,
+    )
+    [stored] = server.messages(topic)
+    assert (stored.data, stored.attributes) == (b"left open", {"origin": "child"})
+
+
+def test_the_flush_at_exit_is_bounded_and_leaves_no_future_pending(server: LocalServer, topic: str) -> None:
+    server.faults.set("Publish", FaultRule(latency="100%:30s"))
+    started = time.monotonic()
+    child = run_child(
+        """
+        import atexit
+        import sys
+
+        futures = []
+        # Registered before hedgepub is imported, so it runs after hedgepub's own exit hook.
+        atexit.register(lambda: print(type(futures[0].exception(timeout=0)).__name__))
+
+        import hedgepub._publisher
+        from hedgepub import PublisherClient
+
+        hedgepub._publisher.IMPLICIT_SHUTDOWN_TIMEOUT = 0.5
+        publisher = PublisherClient()
+        futures.append(publisher.publish(sys.argv[1], b"never answered"))
+        """,
+        topic,
+    )
+    assert time.monotonic() - started < 10
+    assert child.stdout.strip() == "ShutdownTimeoutError"
+    assert server.messages(topic) == []
+
+
+def publisher_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "hedgepub-publisher"]
+
+
+def test_a_dropped_client_flushes_and_stops_its_thread(server: LocalServer, topic: str) -> None:
+    before = len(publisher_threads())
+    publisher = PublisherClient(retry_settings=RetrySettings(total_timeout=10))
+    future = publisher.publish(topic, b"dropped")
+    del publisher
+    gc.collect()
+    assert future.result(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(publisher_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(publisher_threads()) == before
+    assert [stored.data for stored in server.messages(topic)] == [b"dropped"]
