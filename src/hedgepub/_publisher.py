@@ -28,7 +28,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, ClassVar
 
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
@@ -216,7 +216,12 @@ class _PublisherCore:
     def prepare(
         self, topic: str, data: bytes, ordering_key: str, attributes: dict[str, Any]
     ) -> tuple[Any, int, int]:
-        """Validate one message; return (raw message or None, message bytes, framed bytes)."""
+        """Validate one message; return (raw message or None, message bytes, framed bytes).
+
+        Refuses a publisher that is shutting down first, before flow control could make the caller wait.
+        """
+        if self.state is not ClientState.OPEN:
+            raise RuntimeError("publish() called after shutdown()")
         if not isinstance(data, bytes):
             raise TypeError(f"data must be bytes; got {type(data).__name__}")
         if not isinstance(topic, str):
@@ -287,6 +292,16 @@ class _PublisherCore:
         if schedule:
             self._wake_loop()
         return future
+
+    def add_admitted(
+        self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
+    ) -> Any:
+        """:meth:`add` for a message that flow control has admitted: its room is given back if that fails."""
+        try:
+            return self.add(topic, data, ordering_key, message, size, framed)
+        except BaseException:
+            self.flow.release(1, size)
+            raise
 
     def _paused_future(self, ordering_key: str) -> Any:
         error = OrderingKeyPausedError(ordering_key)
@@ -554,14 +569,11 @@ _DEFAULT_RETRY = RetrySettings()
 _DEFAULT_FLOW = FlowControlSettings()
 
 
-class AsyncPublisherClient:
-    """Publish to Pub/Sub from asyncio, with optional hedging of slow publishes.
+class _ClientFacade:
+    """What both clients share: building the core from the settings, and the calls that need no loop."""
 
-    ``message_id = await publisher.publish(topic, b"data", **attributes)`` waits for the batch that
-    carries the message; run many publishes concurrently (tasks, ``asyncio.gather``) to batch them.
-    The client binds to the event loop it is first used on. See :class:`PublisherClient` for the
-    arguments.
-    """
+    #: Whether the core hands out ``concurrent.futures`` (sync client) or asyncio futures.
+    _sync_futures: ClassVar[bool]
 
     def __init__(
         self,
@@ -586,10 +598,37 @@ class AsyncPublisherClient:
             credentials=credentials,
             transport=transport,
             clock=clock,
-            sync_futures=False,
+            sync_futures=self._sync_futures,
         )
+        self._start()
+
+    def _start(self) -> None:
+        """Run once the core exists (the sync client starts its loop thread here)."""
 
     topic_path = staticmethod(topic_path)
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Resume publishing on ``ordering_key`` after a failure paused it."""
+        self._core.resume(topic, ordering_key)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the publisher's counters and batch latency percentiles."""
+        return self._core.stats()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(state={self._core.state.value}, hedging={self._core.hedging!r})"
+
+
+class AsyncPublisherClient(_ClientFacade):
+    """Publish to Pub/Sub from asyncio, with optional hedging of slow publishes.
+
+    ``message_id = await publisher.publish(topic, b"data", **attributes)`` waits for the batch that
+    carries the message; run many publishes concurrently (tasks, ``asyncio.gather``) to batch them.
+    The client binds to the event loop it is first used on. See :class:`PublisherClient` for the
+    arguments.
+    """
+
+    _sync_futures = False
 
     async def publish(self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> str:
         """Publish one message and return its message ID once its batch is published.
@@ -603,27 +642,13 @@ class AsyncPublisherClient:
         """
         core = self._core
         core.bind_running_loop()
-        if core.state is not ClientState.OPEN:
-            raise RuntimeError("publish() called after shutdown()")
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
         if core.flow.enabled:
             await core.flow.acquire_async(size)
-            try:
-                future = core.add(topic, data, ordering_key, message, size, framed)
-            except BaseException:
-                core.flow.release(1, size)
-                raise
+            future = core.add_admitted(topic, data, ordering_key, message, size, framed)
         else:
             future = core.add(topic, data, ordering_key, message, size, framed)
         return await future  # type: ignore[no-any-return]
-
-    def resume_publish(self, topic: str, ordering_key: str) -> None:
-        """Resume publishing on ``ordering_key`` after a failure paused it."""
-        self._core.resume(topic, ordering_key)
-
-    def stats(self) -> PublisherStats:
-        """A snapshot of the publisher's counters and batch latency percentiles."""
-        return self._core.stats()
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch and wait for every message.
@@ -643,11 +668,8 @@ class AsyncPublisherClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
 
-    def __repr__(self) -> str:
-        return f"AsyncPublisherClient(state={self._core.state.value}, hedging={self._core.hedging!r})"
 
-
-class PublisherClient:
+class PublisherClient(_ClientFacade):
     """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
 
     ``publisher.publish(topic, b"data", **attributes)`` returns a :class:`concurrent.futures.Future`
@@ -668,38 +690,15 @@ class PublisherClient:
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
     """
 
-    def __init__(
-        self,
-        hedging_settings: HedgingSettings | None = None,
-        batch_settings: BatchSettings = _DEFAULT_BATCH,
-        retry_settings: RetrySettings = _DEFAULT_RETRY,
-        flow_control: FlowControlSettings = _DEFAULT_FLOW,
-        enable_message_ordering: bool = False,
-        endpoint: str | None = None,
-        credentials: Any = None,
-        *,
-        transport: Transport | None = None,
-        clock: Clock = DEFAULT_CLOCK,
-    ) -> None:
-        self._core = _PublisherCore(
-            hedging_settings=hedging_settings,
-            batch_settings=batch_settings,
-            retry_settings=retry_settings,
-            flow_control=flow_control,
-            enable_message_ordering=enable_message_ordering,
-            endpoint=endpoint,
-            credentials=credentials,
-            transport=transport,
-            clock=clock,
-            sync_futures=True,
-        )
-        self._runner = _LoopThread(self._core, min(retry_settings.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+    _sync_futures = True
+
+    def _start(self) -> None:
+        retry = self._core.retry
+        self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
         self._finalizer = weakref.finalize(self, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
-
-    topic_path = staticmethod(topic_path)
 
     def publish(
         self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
@@ -713,25 +712,11 @@ class PublisherClient:
             FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
         """
         core = self._core
-        if core.state is not ClientState.OPEN:
-            raise RuntimeError("publish() called after shutdown()")
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
         if core.flow.enabled:
             core.flow.acquire(size)
-            try:
-                return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
-            except BaseException:
-                core.flow.release(1, size)
-                raise
+            return core.add_admitted(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
         return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
-
-    def resume_publish(self, topic: str, ordering_key: str) -> None:
-        """Resume publishing on ``ordering_key`` after a failure paused it."""
-        self._core.resume(topic, ordering_key)
-
-    def stats(self) -> PublisherStats:
-        """A snapshot of the publisher's counters and batch latency percentiles."""
-        return self._core.stats()
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.
@@ -752,9 +737,6 @@ class PublisherClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-    def __repr__(self) -> str:
-        return f"PublisherClient(state={self._core.state.value}, hedging={self._core.hedging!r})"
 
 
 #: The loop threads of every sync client not shut down yet, for _flush_at_exit.
