@@ -53,6 +53,26 @@ def test_lease_expiry_redelivers_with_a_new_ack_id_without_anyone_pulling() -> N
     run_virtual(scenario())
 
 
+def test_a_waiting_pull_gets_a_message_that_returns_just_after_it_found_none() -> None:
+    """Regression: a message made ready one loop step after a waiting Pull found nothing was missed.
+
+    The Pull then slept its whole wait and answered empty (seen as a dead-letter Pull coming back empty).
+    """
+
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, b"one")
+        (lease,) = await core.pull(SUBSCRIPTION, 1, 0)
+        waiting = asyncio.ensure_future(core.pull(SUBSCRIPTION, 1, 5.0))
+        # Queued before the Pull runs, so the nack lands in the step right after the Pull found nothing.
+        asyncio.get_running_loop().call_soon(core.modify_ack_deadline, SUBSCRIPTION, [lease.ack_id], 0)
+        received = await waiting
+        assert [r.message.data for r in received] == [b"one"]
+        assert now() == 0.0
+
+    run_virtual(scenario())
+
+
 def test_modify_ack_deadline_extends_and_zero_nacks() -> None:
     async def scenario() -> None:
         core = await make_core(ack_deadline_seconds=10)

@@ -150,7 +150,7 @@ class _SubscriptionState:
         self.leases: dict[str, _Lease] = {}
         #: ordering key -> messages of that key waiting behind the one ready or leased.
         self.key_backlog: dict[str, deque[_Pending]] = {}
-        self.changed = asyncio.Event()
+        self._waiters: set[asyncio.Future[None]] = set()
         self.deleted = False
 
     @property
@@ -163,8 +163,28 @@ class _SubscriptionState:
 
     def notify(self) -> None:
         """Wake every consumer waiting on this subscription (they re-check what they can take)."""
-        self.changed.set()
-        self.changed.clear()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_changed(self, timeout: float | None = None) -> bool:
+        """Wait for the next :meth:`notify`; False if ``timeout`` seconds passed first.
+
+        The waiter is registered before this coroutine first yields, so a caller that found nothing to
+        take and then awaits this cannot miss a notify in between. (``wait_for(event.wait(), t)`` could:
+        before Python 3.12 it runs ``event.wait()`` in a new task, one loop step later, and a message
+        arriving in that step left a Pull asleep for its whole wait.)
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+        return True
 
     def add(self, records: Sequence[tuple[int, Any]]) -> None:
         """Append newly published (or reloaded) messages."""
@@ -728,9 +748,7 @@ class PubSubCore:
             remaining = end - self._clock.now()
             if remaining <= 0:
                 break
-            try:
-                await asyncio.wait_for(state.changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await state.wait_changed(remaining):
                 break
             state = self._deliverable(subscription)
             taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
@@ -743,7 +761,7 @@ class PubSubCore:
             taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
                 return taken
-            await state.changed.wait()
+            await state.wait_changed()
         return []
 
     def close_consumer(self, subscription: str, consumer: Consumer) -> None:
