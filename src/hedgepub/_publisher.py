@@ -434,15 +434,7 @@ class _PublisherCore:
                 raise
             return
         try:
-            self.stats_recorder.record_batch(
-                messages=len(batch.futures),
-                ok=outcome.ok,
-                attempts=outcome.attempts_sent,
-                hedges=outcome.hedges_sent,
-                hedge_won=outcome.hedge_won,
-                hedges_skipped=outcome.hedges_skipped,
-                latency=outcome.latency,
-            )
+            self.stats_recorder.record_batch(len(batch.futures), outcome)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hdrh.histogram import HdrHistogram
+
+if TYPE_CHECKING:
+    from hedgepub._engine import BatchOutcome
 
 # Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
 _LOWEST_US = 1
@@ -60,29 +64,19 @@ class StatsRecorder:
         self.hedges_won = 0
         self.hedges_skipped = 0
 
-    def record_batch(
-        self,
-        *,
-        messages: int,
-        ok: bool,
-        attempts: int,
-        hedges: int,
-        hedge_won: bool,
-        hedges_skipped: int,
-        latency: float,
-    ) -> None:
-        """Count one batch that went through the engine."""
-        micros = min(max(round(latency * 1_000_000), _LOWEST_US), _HIGHEST_US)
+    def record_batch(self, messages: int, outcome: BatchOutcome) -> None:
+        """Count one batch of ``messages`` messages that went through the engine, as ``outcome`` tells."""
+        micros = min(max(round(outcome.latency * 1_000_000), _LOWEST_US), _HIGHEST_US)
         with self._lock:
-            if ok:
+            if outcome.ok:
                 self.messages_published += messages
             else:
                 self.messages_failed += messages
             self.batches_sent += 1
-            self.attempts_sent += attempts
-            self.hedges_sent += hedges
-            self.hedges_won += int(hedge_won)
-            self.hedges_skipped += hedges_skipped
+            self.attempts_sent += outcome.attempts_sent
+            self.hedges_sent += outcome.hedges_sent
+            self.hedges_won += int(outcome.hedge_won)
+            self.hedges_skipped += outcome.hedges_skipped
             self._histogram.record_value(micros)
 
     def record_failed(self, messages: int) -> None:
