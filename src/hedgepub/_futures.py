@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import _base
 
 _PENDING = getattr(_base, "PENDING", None)
@@ -68,63 +69,47 @@ def resolve_batch(
     """
     if not futures:
         return
-    if isinstance(futures[0], asyncio.Future):
-        _resolve_asyncio(futures, message_ids, error)  # type: ignore[arg-type]
-        return
-    if FAST_PATH and condition is not None:
-        _resolve_fast(futures, condition, message_ids, error)  # type: ignore[arg-type]
-        return
-    for index, future in enumerate(futures):
-        try:
-            if error is None:
-                future.set_result(message_ids[index])  # type: ignore[attr-defined, index]
-            else:
-                future.set_exception(error)  # type: ignore[attr-defined]
-        except concurrent.futures.InvalidStateError:
-            pass
-
-
-def _resolve_asyncio(
-    futures: Sequence[asyncio.Future[str]], message_ids: Sequence[str] | None, error: BaseException | None
-) -> None:
+    # One result per future: its message ID, or None beside the error that all of them share.
     if error is None:
         assert message_ids is not None
-        for future, message_id in zip(futures, message_ids, strict=True):
-            if not future.done():
-                future.set_result(message_id)
+        results: Iterable[str | None] = message_ids
     else:
-        for future in futures:
-            if not future.done():
-                future.set_exception(error)
+        results = itertools.repeat(None, len(futures))
+    if FAST_PATH and condition is not None and not isinstance(futures[0], asyncio.Future):
+        _resolve_fast(futures, condition, results, error)  # type: ignore[arg-type]
+        return
+    for future, message_id in zip(futures, results, strict=True):
+        if future.done():  # type: ignore[attr-defined]
+            continue
+        try:
+            if error is None:
+                future.set_result(message_id)  # type: ignore[attr-defined]
+            else:
+                future.set_exception(error)  # type: ignore[attr-defined]
+        except concurrent.futures.InvalidStateError:  # cancelled by another thread since done() said no
+            pass
 
 
 def _resolve_fast(
     futures: Sequence[BatchFuture],
     condition: threading.Condition,
-    message_ids: Sequence[str] | None,
+    results: Iterable[str | None],
     error: BaseException | None,
 ) -> None:
     with_callbacks = []
     with condition:
-        if error is None:
-            assert message_ids is not None
-            for future, message_id in zip(futures, message_ids, strict=True):
-                if future._state == _PENDING:
-                    future._result = message_id
-                    future._state = _FINISHED
-                    for waiter in future._waiters:
+        for future, message_id in zip(futures, results, strict=True):
+            if future._state == _PENDING:
+                future._result = message_id
+                future._exception = error
+                future._state = _FINISHED
+                for waiter in future._waiters:
+                    if error is None:
                         waiter.add_result(future)
-                    if future._done_callbacks:
-                        with_callbacks.append(future)
-        else:
-            for future in futures:
-                if future._state == _PENDING:
-                    future._exception = error
-                    future._state = _FINISHED
-                    for waiter in future._waiters:
+                    else:
                         waiter.add_exception(future)
-                    if future._done_callbacks:
-                        with_callbacks.append(future)
+                if future._done_callbacks:
+                    with_callbacks.append(future)
         condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION
 
 import pytest
 from hypothesis import given, settings
@@ -37,9 +38,14 @@ def test_computed_sizes_match_the_wire(data: bytes, ordering_key: str, attribute
         assert message == expected
 
 
-def test_batch_futures_behave_as_concurrent_futures() -> None:
-    condition = threading.Condition()
-    futures = [BatchFuture(condition) for _ in range(4)]
+@pytest.mark.parametrize("shared_condition", [True, False], ids=["batch-futures", "plain-futures"])
+def test_batch_futures_behave_as_concurrent_futures(shared_condition: bool) -> None:
+    condition = threading.Condition() if shared_condition else None
+
+    def new_future() -> concurrent.futures.Future[str]:
+        return BatchFuture(condition) if condition is not None else concurrent.futures.Future()
+
+    futures = [new_future() for _ in range(4)]
     assert futures[3].cancel()
     seen: list[str] = []
     futures[0].add_done_callback(lambda future: seen.append(future.result()))
@@ -55,8 +61,11 @@ def test_batch_futures_behave_as_concurrent_futures() -> None:
     _done, pending = concurrent.futures.wait(futures[:3], timeout=0)
     assert not pending
 
-    failing = [BatchFuture(condition) for _ in range(2)]
-    resolve_batch(failing, condition, error=PublishError("boom"))
+    failing = [new_future() for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        first_failure = executor.submit(concurrent.futures.wait, failing, 5, FIRST_EXCEPTION)
+        resolve_batch(failing, condition, error=PublishError("boom"))
+        assert not first_failure.result(timeout=5).not_done
     assert all(isinstance(f.exception(), PublishError) for f in failing)
 
 
