@@ -23,6 +23,7 @@ from hedgepub import (
     ShutdownTimeoutError,
     StatusCode,
 )
+from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer
 
 QUICK_RETRY = RetrySettings(initial_retry_delay=0.01, retry_delay_multiplier=1.0, initial_rpc_timeout=2.0)
@@ -41,13 +42,14 @@ def publish_calls(server: LocalServer) -> int:
     return counts["Publish"].calls if "Publish" in counts else 0
 
 
-def test_publish_and_pull_back(server: LocalServer, admin, topic: str) -> None:  # type: ignore[no-untyped-def]
-    subscription = admin.create_subscription(topic)
+def test_publish_and_pull_back(
+    server: LocalServer, admin: AdminClient, topic: str, subscription: str
+) -> None:
     with PublisherClient() as publisher:
         futures = [publisher.publish(topic, b"message %d" % i, index=str(i)) for i in range(25)]
         ids = [future.result(timeout=10) for future in futures]
     assert len(set(ids)) == 25
-    pulled = admin.pull(subscription)
+    pulled = [received.message for received in admin.pull(subscription, 1000, wait=10)]
     assert sorted(m.data for m in pulled) == sorted(b"message %d" % i for i in range(25))
     assert {m.message_id: m.attributes["index"] for m in pulled} == {ids[i]: str(i) for i in range(25)}
     stored = server.messages(topic)
@@ -161,7 +163,7 @@ def test_hedging_stops_by_itself_under_sustained_slowness(server: LocalServer, t
     assert 4 <= len(slow) <= 4 + stats.hedges_sent
 
 
-def test_ordering_keys_in_order_paused_and_resumed(server: LocalServer, admin, topic: str) -> None:  # type: ignore[no-untyped-def]
+def test_ordering_keys_in_order_paused_and_resumed(server: LocalServer, topic: str) -> None:
     settings = BatchSettings(max_messages=3)
     with PublisherClient(batch_settings=settings, enable_message_ordering=True) as publisher:
         futures = [publisher.publish(topic, b"%d" % i, ordering_key="key") for i in range(20)]
