@@ -178,6 +178,120 @@ def test_dead_letter_policy_counts_attempts_then_forwards() -> None:
     run_virtual(scenario())
 
 
+DEAD_LETTER_SUBSCRIPTION = "projects/p/subscriptions/dlq-sub"
+
+
+class FailingStore(MemoryStore):
+    """A real in-memory store whose writes to the named topics or subscriptions fail (a full disk, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[str] = set()
+
+    async def append(self, topic: str, messages: Any, subscriptions: Any) -> None:
+        if topic in self.failing:
+            raise OSError(f"disk full while appending to {topic}")
+        await super().append(topic, messages, subscriptions)
+
+    async def ack(self, subscription: str, sequences: Any) -> None:
+        if subscription in self.failing:
+            raise OSError(f"disk full while acknowledging on {subscription}")
+        await super().ack(subscription, sequences)
+
+
+async def make_dead_letter_core(store: MemoryStore | None = None) -> PubSubCore:
+    """Subscription -> dead-letter topic after 5 attempts; a plain subscription on the dead-letter topic."""
+    core = PubSubCore(store if store is not None else MemoryStore())
+    core.load()
+    await core.create_topic(Topic(name=TOPIC))
+    await core.create_topic(Topic(name=DEAD_LETTERS))
+    await core.create_subscription(Subscription(name=DEAD_LETTER_SUBSCRIPTION, topic=DEAD_LETTERS))
+    config = Subscription(name=SUBSCRIPTION, topic=TOPIC, ack_deadline_seconds=10)
+    config.dead_letter_policy.dead_letter_topic = DEAD_LETTERS
+    config.dead_letter_policy.max_delivery_attempts = 5
+    await core.create_subscription(config)
+    return core
+
+
+async def use_up_attempts(core: PubSubCore, nack_last: bool = True) -> None:
+    """Deliver the one message 5 times, nacking each (the last one too, unless ``nack_last`` is False)."""
+    for attempt in range(1, 6):
+        (lease,) = await core.pull(SUBSCRIPTION, 1, 0)
+        assert lease.delivery_attempt == attempt
+        if attempt < 5 or nack_last:
+            core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 0)
+
+
+def test_dead_lettering_happens_at_the_last_nack_without_anyone_pulling_the_source() -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        core = await make_dead_letter_core(store)
+        await publish(core, b"poison")
+        await use_up_attempts(core)
+        # Nobody pulls SUBSCRIPTION again: a waiting Pull on the dead-letter subscription gets the copy.
+        (forwarded,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 5.0)
+        assert now() == 0.0
+        assert forwarded.message.data == b"poison"
+        assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+        assert store.load().pending[SUBSCRIPTION] == []  # acknowledged on the source, durably
+
+    run_virtual(scenario())
+
+
+def test_dead_lettering_happens_when_the_last_deadline_passes() -> None:
+    async def scenario() -> None:
+        core = await make_dead_letter_core()
+        await publish(core, b"poison")
+        await use_up_attempts(core, nack_last=False)
+        (forwarded,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 60.0)
+        assert 10.0 <= now() < 10.1  # the fifth lease's 10 s deadline
+        assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+        assert await core.pull(SUBSCRIPTION, 1, 0) == []
+
+    run_virtual(scenario())
+
+
+def test_a_failed_dead_letter_forwarding_keeps_the_message_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        store = FailingStore()
+        core = await make_dead_letter_core(store)
+        await publish(core, b"poison")
+        store.failing.add(DEAD_LETTERS)
+        await use_up_attempts(core)
+        (again,) = await core.pull(SUBSCRIPTION, 1, 5.0)  # back on the source, not dropped
+        assert again.message.data == b"poison" and again.delivery_attempt == 6
+        assert store.messages(DEAD_LETTERS) == []
+        assert [sequence for sequence, _ in store.load().pending[SUBSCRIPTION]] == [1]  # still durable
+        # The next nack tries again, and now the store takes it.
+        store.failing.clear()
+        core.modify_ack_deadline(SUBSCRIPTION, [again.ack_id], 0)
+        (forwarded,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 5.0)
+        assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "6"
+        assert store.load().pending[SUBSCRIPTION] == []
+
+    with caplog.at_level("ERROR", logger="hedgepub.server"):
+        run_virtual(scenario())
+    assert "dead-letter topic projects/p/topics/dead-letters failed" in caplog.text
+
+
+def test_the_dead_letter_copy_is_stored_before_the_source_ack(caplog: pytest.LogCaptureFixture) -> None:
+    """A failure between the two writes can only duplicate the message, never lose it."""
+
+    async def scenario() -> None:
+        store = FailingStore()
+        core = await make_dead_letter_core(store)
+        await publish(core, b"poison")
+        store.failing.add(SUBSCRIPTION)  # the source ack fails, after the copy was stored
+        await use_up_attempts(core)
+        (copy,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 5.0)
+        (again,) = await core.pull(SUBSCRIPTION, 1, 5.0)
+        assert copy.message.data == again.message.data == b"poison"
+
+    with caplog.at_level("ERROR", logger="hedgepub.server"):
+        run_virtual(scenario())
+    assert "disk full while acknowledging" in caplog.text
+
+
 def test_streaming_flow_control_limits_outstanding_messages() -> None:
     async def scenario() -> None:
         core = await make_core()

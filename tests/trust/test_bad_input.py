@@ -1014,13 +1014,10 @@ def test_dead_lettering_a_message_at_the_attribute_limit(client: Client, server:
         )
         client.ok("ModifyAckDeadline", nack, PB["PullResponse"])
     assert client.ok("Pull", pull, PB["PullResponse"]).received_messages == []
-    # Forwarding runs in the background, after the Pull above; give a busy SQLite file a few pulls' time.
+    # Forwarding starts at the fifth nack, in the background; one waiting Pull must see it (an empty
+    # answer here was a lost wake-up in the server's Pull, fixed since, not a slow disk).
     dead_pull = PB["PullRequest"](subscription=dead_subscription, max_messages=10)
-    forwarded: list[Any] = []
-    for _ in range(4):
-        forwarded = list(client.ok("Pull", dead_pull, PB["PullResponse"]).received_messages)
-        if forwarded:
-            break
+    forwarded = list(client.ok("Pull", dead_pull, PB["PullResponse"]).received_messages)
     stored = [message.data for message in server.messages(dead)]
     assert forwarded, f"nothing reached the dead-letter subscription; the dead-letter topic holds {stored}"
     assert [received.message.data for received in forwarded] == [b"at the limit"]

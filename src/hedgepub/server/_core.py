@@ -13,8 +13,11 @@ Delivery model (at-least-once, as the real service):
   lease runs out even when nobody pulls.
 - With message ordering, only the oldest unacknowledged message of each ordering key is ever ready or
   leased; the next one of that key becomes ready when it is acknowledged.
-- With a dead-letter policy, ``delivery_attempt`` is counted, and a message that has been delivered
-  ``max_delivery_attempts`` times without an ack is forwarded to the dead-letter topic instead.
+- With a dead-letter policy, ``delivery_attempt`` is counted. When a message that has been delivered
+  ``max_delivery_attempts`` times is nacked or its deadline passes, it is forwarded to the dead-letter
+  topic in the background (nobody needs to pull), as the real service does: the copy is stored before
+  the ack on the source subscription, so a crash in between duplicates it and never loses it, and a
+  forwarding that fails puts it back up for delivery.
 """
 
 from __future__ import annotations
@@ -151,6 +154,8 @@ class _SubscriptionState:
         #: ordering key -> messages of that key waiting behind the one ready or leased.
         self.key_backlog: dict[str, deque[_Pending]] = {}
         self._waiters: set[asyncio.Future[None]] = set()
+        #: messages on their way to the dead-letter topic: neither ready nor leased, not yet acknowledged.
+        self.forwarding: set[_Pending] = set()
         self.deleted = False
 
     @property
@@ -160,6 +165,11 @@ class _SubscriptionState:
     @property
     def ordered(self) -> bool:
         return self.config.enable_message_ordering
+
+    @property
+    def dead_letter_policy(self) -> Any | None:
+        config = self.config
+        return config.dead_letter_policy if config.HasField("dead_letter_policy") else None
 
     def notify(self) -> None:
         """Wake every consumer waiting on this subscription (they re-check what they can take)."""
@@ -220,7 +230,8 @@ class _SubscriptionState:
             del self.key_backlog[key]
 
     def backlog_size(self) -> int:
-        return len(self.ready) + len(self.leases) + sum(len(q) for q in self.key_backlog.values())
+        waiting = sum(len(queue) for queue in self.key_backlog.values())
+        return len(self.ready) + len(self.leases) + len(self.forwarding) + waiting
 
 
 def _page(names: list[str], page_size: int, page_token: str) -> tuple[list[str], str]:
@@ -621,7 +632,7 @@ class PubSubCore:
         if not ready:
             return []
         config = state.config
-        dead_letter = config.dead_letter_policy if config.HasField("dead_letter_policy") else None
+        counted = config.HasField("dead_letter_policy")
         retention = _seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = time.time() - retention
         now = self._clock.now()
@@ -636,9 +647,6 @@ class PubSubCore:
                 expired.append(pending.sequence)
                 state.finished(pending)
                 continue
-            if dead_letter is not None and pending.attempts >= dead_letter.max_delivery_attempts:
-                self._spawn(self._forward_dead_letter(state, pending, dead_letter.dead_letter_topic))
-                continue
             pending.attempts += 1
             ack_id = f"{self._ack_prefix}-{next(self._ack_counter)}"
             lease = _Lease(ack_id, pending, consumer, deadline, state)
@@ -651,7 +659,7 @@ class PubSubCore:
                 ReceivedMessage(
                     ack_id=ack_id,
                     message=pending.message,
-                    delivery_attempt=pending.attempts if dead_letter is not None else 0,
+                    delivery_attempt=pending.attempts if counted else 0,
                 )
             )
             if consumer.max_bytes and consumer.outstanding_bytes >= consumer.max_bytes:
@@ -663,27 +671,35 @@ class PubSubCore:
         return out
 
     async def _forward_dead_letter(self, state: _SubscriptionState, pending: _Pending, topic: str) -> None:
-        """Publish a copy to the dead-letter topic, then drop the message from the subscription."""
-        if topic not in self._topics:
-            # The real service keeps the message when the dead-letter topic is missing.
-            state.ready.append(pending)
+        """Publish a copy to the dead-letter topic, then acknowledge the message on its subscription.
+
+        Runs in the background. Whatever goes wrong (a missing dead-letter topic, a failing store), the
+        message goes back to the front of ``ready`` rather than being dropped; the next nack or deadline
+        tries again.
+        """
+        forwarded = False
+        try:
+            if topic in self._topics:  # the real service keeps the message when the topic is missing
+                # Not through publish(): the copy is the service's own, and the attributes it gains may take
+                # a message that was at the 100-attribute limit past it; that must not drop the message.
+                await self._append(topic, [_dead_letter_copy(state.name, pending)])
+                await self._store.ack(state.name, [pending.sequence])
+                forwarded = True
+        except Exception:
+            logger.exception(
+                "Forwarding message %s of %s to the dead-letter topic %s failed; it stays for redelivery.",
+                pending.message.message_id,
+                state.name,
+                topic,
+            )
+        finally:
+            state.forwarding.discard(pending)
+        if state.deleted:
             return
-        copy = PubsubMessage()
-        copy.data = pending.message.data
-        copy.attributes.update(pending.message.attributes)
-        copy.ordering_key = pending.message.ordering_key
-        project = state.name.split("/")[1]
-        copy.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] = str(pending.attempts)
-        copy.attributes["CloudPubSubDeadLetterSourceSubscription"] = state.name.rsplit("/", 1)[-1]
-        copy.attributes["CloudPubSubDeadLetterSourceSubscriptionProject"] = project
-        copy.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"] = (
-            pending.message.publish_time.ToJsonString()
-        )
-        # Not through publish(): the copy is the service's own, and the attributes it gains may take a
-        # message that was at the 100-attribute limit past it; that must not drop the message.
-        await self._append(topic, [copy])
-        await self._store.ack(state.name, [pending.sequence])
-        state.finished(pending)
+        if forwarded:
+            state.finished(pending)
+        else:
+            state.ready.appendleft(pending)
         state.notify()
 
     def _release_flow(self, lease: _Lease) -> None:
@@ -692,10 +708,17 @@ class PubSubCore:
         consumer.outstanding_bytes -= lease.pending.size
 
     def _nack(self, state: _SubscriptionState, lease: _Lease) -> None:
+        """A lease ended unacknowledged (nack or deadline): redeliver, or dead-letter if attempts ran out."""
         lease.active = False
         del state.leases[lease.ack_id]
         self._release_flow(lease)
-        state.ready.appendleft(lease.pending)
+        pending = lease.pending
+        policy = state.dead_letter_policy
+        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
+            state.forwarding.add(pending)
+            self._spawn(self._forward_dead_letter(state, pending, policy.dead_letter_topic))
+        else:
+            state.ready.appendleft(pending)
 
     def _schedule(self, deadline: float) -> None:
         if deadline >= self._timer_at:
@@ -888,6 +911,21 @@ class PubSubCore:
         if state is None or state.config.topic not in self._topics:
             return None
         return state.config.topic
+
+
+def _dead_letter_copy(subscription: str, pending: _Pending) -> Any:
+    """The message as forwarded to a dead-letter topic, with the attributes the real service adds."""
+    message = pending.message
+    copy = PubsubMessage()
+    copy.data = message.data
+    copy.attributes.update(message.attributes)
+    copy.ordering_key = message.ordering_key
+    project, _, subscription_id = subscription.split("/", 3)[1:]
+    copy.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] = str(pending.attempts)
+    copy.attributes["CloudPubSubDeadLetterSourceSubscription"] = subscription_id
+    copy.attributes["CloudPubSubDeadLetterSourceSubscriptionProject"] = project
+    copy.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"] = message.publish_time.ToJsonString()
+    return copy
 
 
 def _check_message(message: Any) -> None:
