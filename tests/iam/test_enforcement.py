@@ -336,6 +336,21 @@ def test_missing_and_unknown_tokens_answer_in_the_real_words(caller: Caller) -> 
     assert stub(request, metadata=[("authorization", f"bearer {ADMIN}")]).name == topic
 
 
+def test_set_iam_policy_refuses_an_unknown_role_in_the_real_words(caller: Caller) -> None:
+    topic = caller.create_topic()
+    subscription = caller.create_subscription(topic)
+    for resource in (topic, subscription):
+        with pytest.raises(grpc.RpcError) as refused:
+            caller.set_policy(resource, {"roles/pubsub.superuser": ["user:nobody@example.com"]})
+        _expect(
+            refused.value,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Role roles/pubsub.superuser is not supported for this resource.",
+        )
+        request = iam_policy_pb2.GetIamPolicyRequest(resource=resource)
+        assert list(caller.call("GetIamPolicy", request, ADMIN).bindings) == []  # nothing was stored
+
+
 def test_publisher_publishes_but_cannot_create_topics_or_pull(caller: Caller) -> None:
     publisher = token_of("roles/pubsub.publisher")
     topic = caller.create_topic()

@@ -16,9 +16,10 @@ wraps in an :class:`IamEnforcer`:
   its members: exact principals, ``domain:example.com`` (users of that e-mail domain),
   ``allAuthenticatedUsers`` and ``allUsers`` (both: every caller with a known token).
 
-Refusals use the real service's words (:data:`PERMISSION_DENIED_MESSAGE` and the UNAUTHENTICATED
-messages). A permission is checked before the resource is looked up, so a caller without access learns
-nothing about what exists (PERMISSION_DENIED, not NOT_FOUND), again as the real service does.
+Refusals use the real service's words (:data:`PERMISSION_DENIED_MESSAGE`, the UNAUTHENTICATED messages,
+and :data:`UNSUPPORTED_ROLE_MESSAGE` for a SetIamPolicy naming a role it cannot grant). A permission is
+checked before the resource is looked up, so a caller without access learns nothing about what exists
+(PERMISSION_DENIED, not NOT_FOUND), again as the real service does.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ INVALID_CREDENTIALS_MESSAGE = (
     "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other "
     f"valid authentication credential. {_SEE}"
 )
+
+#: The real service's INVALID_ARGUMENT message for a SetIamPolicy binding with a role it does not know.
+UNSUPPORTED_ROLE_MESSAGE = "Role {role} is not supported for this resource."
 
 _MEMBER_PREFIXES = ("user:", "serviceAccount:", "group:", "domain:")
 _PUBLIC_MEMBERS = frozenset({"allUsers", "allAuthenticatedUsers"})
@@ -401,13 +405,21 @@ class IamEnforcer:
             if policy is not None:
                 applicable = SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in resource else TOPIC_PERMISSIONS
                 for role, members in _bindings(policy):
-                    # Unknown roles (accepted by SetIamPolicy) grant nothing.
+                    # Unknown roles grant nothing (SetIamPolicy refuses them while enforcing, but a policy
+                    # stored while enforcement was off may hold any role).
                     role_permissions = ROLE_PERMISSIONS.get(role, frozenset()) & applicable
                     if role_permissions and any(
                         self._matches(_normalize_member(member), principals) for member in members
                     ):
                         held |= role_permissions
         return held
+
+    @staticmethod
+    def check_policy(policy: Any) -> None:
+        """SetIamPolicy: refuse a binding whose role is not known here, with INVALID_ARGUMENT."""
+        for binding in policy.bindings:
+            if binding.role not in ROLE_PERMISSIONS:
+                raise invalid(UNSUPPORTED_ROLE_MESSAGE.format(role=binding.role))
 
     async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow, or raise UNAUTHENTICATED / INVALID_ARGUMENT (bad name) / PERMISSION_DENIED."""
