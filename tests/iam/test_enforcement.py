@@ -336,6 +336,16 @@ def test_missing_and_unknown_tokens_answer_in_the_real_words(caller: Caller) -> 
     assert stub(request, metadata=[("authorization", f"bearer {ADMIN}")]).name == topic
 
 
+def test_streaming_pull_checks_the_token_before_the_request(caller: Caller) -> None:
+    nameless = types.StreamingPullRequest.pb()(stream_ack_deadline_seconds=10)
+    with pytest.raises(grpc.RpcError) as missing:
+        caller.stream([nameless], None)
+    _expect(missing.value, grpc.StatusCode.UNAUTHENTICATED, MISSING_START)
+    assert caller.code_of("StreamingPull", nameless, "t-unknown") == grpc.StatusCode.UNAUTHENTICATED
+    # With a valid token, the bad request is what is refused.
+    assert caller.code_of("StreamingPull", nameless, ADMIN) == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_set_iam_policy_refuses_an_unknown_role_in_the_real_words(caller: Caller) -> None:
     topic = caller.create_topic()
     subscription = caller.create_subscription(topic)

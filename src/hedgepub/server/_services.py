@@ -161,10 +161,11 @@ class PubSubServicer:
         first = await _next_request(requests)
         if first is None:
             return
+        # The caller's token first, then the request, as for the unary RPCs.
+        await self.authorize("StreamingPull", first, context)
         subscription = first.subscription
         if not subscription:
             raise invalid("The first StreamingPullRequest must name a subscription.")
-        await self.authorize("StreamingPull", first, context)
         deadline = check_ack_deadline(
             first.stream_ack_deadline_seconds, allow_zero=False, field="stream_ack_deadline_seconds"
         )
