@@ -404,6 +404,9 @@ class _PublisherCore:
 
     async def _publish(self, batch: Batch) -> None:
         outcome: BatchOutcome | None = None
+        # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
+        sent = {"attempts": 0, "hedges": 0}
+        started = self.clock.now()
         try:
             transport = self.transport()
             request = batch.request
@@ -411,6 +414,9 @@ class _PublisherCore:
             batch_id = batch.batch_id
 
             async def attempt(attempt_number: int, timeout: float) -> list[str]:
+                sent["attempts"] += 1
+                if attempt_number:
+                    sent["hedges"] += 1
                 return await transport.publish(
                     request, request_metadata(topic, batch_id, attempt_number), timeout
                 )
@@ -424,9 +430,20 @@ class _PublisherCore:
                 clock=self.clock,
             )
         except asyncio.CancelledError:
-            self._fail(
-                batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
+            error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
+            cut_off = BatchOutcome(
+                message_ids=None,
+                error=error,
+                winner_attempt=None,
+                attempts_sent=sent["attempts"],
+                hedges_sent=sent["hedges"],
+                hedges_skipped=0,  # known only to the engine
+                latency=self.clock.now() - started,
             )
+            try:
+                self.stats_recorder.record_batch(len(batch.futures), cut_off)
+            finally:
+                self._fail(batch, error, counted=True)
             raise
         except BaseException as error:
             self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)

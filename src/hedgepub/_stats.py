@@ -25,7 +25,8 @@ class PublisherStats:
         messages_published: messages whose future resolved with a message ID.
         messages_failed: messages whose future resolved with an error (after validation passed).
         batches_sent: batches that went through the hedging engine (one Publish request each, plus
-            its retries and hedges).
+            its retries and hedges), including those ``shutdown(timeout)`` cut off, which count as
+            failed, with the attempts and hedges they had sent.
         attempts_sent: Publish RPCs sent: originals, retries and hedges.
         hedges_sent: hedged attempts sent.
         hedges_won: batches whose winning attempt was a hedge.

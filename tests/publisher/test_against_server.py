@@ -24,7 +24,7 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub.bench import AdminClient
-from hedgepub.server import FaultRule, LocalServer
+from hedgepub.server import FaultInjector, FaultRule, LocalServer
 
 QUICK_RETRY = RetrySettings(initial_retry_delay=0.01, retry_delay_multiplier=1.0, initial_rpc_timeout=2.0)
 
@@ -138,6 +138,43 @@ def test_hedge_wins_when_the_server_is_slow_and_the_loser_is_cancelled(
     assert (stats.hedges_sent, stats.hedges_won) == (1, 1)
     stored = [m for m in server.messages(topic) if m.data == b"hedged"]
     assert [m.message_id for m in stored] == [message_id]  # the cancelled loser stored nothing: no duplicate
+
+
+class MetadataRecorder(FaultInjector):
+    """The server's own fault injector, also noting the metadata of every Publish call that arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.publish_metadata: list[dict[str, str]] = []
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        if handler_call_details.method == "/google.pubsub.v1.Publisher/Publish":
+            self.publish_metadata.append(dict(handler_call_details.invocation_metadata))
+        return await super().intercept_service(continuation, handler_call_details)
+
+
+def test_retries_and_hedges_carry_the_batch_metadata_on_the_wire() -> None:
+    recorder = MetadataRecorder()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
+    retry = RetrySettings(initial_retry_delay=0.03, retry_delay_multiplier=1.0, initial_rpc_timeout=2.0)
+    topic = "projects/test-project/topics/metadata"
+    with LocalServer(in_memory=True, faults=recorder) as server, AdminClient(server.address) as admin:
+        admin.create_topic(topic)
+        with PublisherClient(hedging, retry_settings=retry, endpoint=server.address) as publisher:
+            fill_bucket(publisher, topic, 5)
+            recorder.publish_metadata.clear()
+            recorder.set("Publish", FaultRule(errors={StatusCode.UNAVAILABLE: 1.0}))
+            future = publisher.publish(topic, b"retried and hedged")
+            wait_for(lambda: any(call["hedgepub-attempt"] == "1" for call in recorder.publish_metadata))
+            recorder.set("Publish", None)  # the next retry of the original goes through
+            message_id = future.result(timeout=10)
+        assert [stored.message_id for stored in server.messages(topic)][-1:] == [message_id]
+    calls = recorder.publish_metadata
+    attempts = [call["hedgepub-attempt"] for call in calls]
+    assert attempts.count("1") == 1 and attempts.count("0") >= 2  # the original, its retries (one won)
+    assert attempts[-1] == "0" and set(attempts) == {"0", "1"}
+    assert len({call["hedgepub-batch-id"] for call in calls}) == 1
+    assert all(call["x-goog-request-params"] == f"topic={topic}" for call in calls)
 
 
 def test_no_hedge_when_the_bucket_is_empty(server: LocalServer, topic: str) -> None:

@@ -277,3 +277,45 @@ def test_construction_refuses_hedging_that_cannot_work() -> None:
             hedging_settings=HedgingSettings(hedge_delay=2),
             retry_settings=RetrySettings(initial_rpc_timeout=1),
         )
+
+
+@virtual_time
+async def test_retries_and_hedges_of_a_batch_share_its_metadata() -> None:
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging)
+    await warm_up(publisher, 5)
+    # Original: UNAVAILABLE at 0.02 s, retried at 0.12 s; hedge 1 at 0.1 s is slow; the retry wins.
+    unavailable = transport.fail(StatusCode.UNAVAILABLE, delay=0.02)
+    transport.script.extend([unavailable, transport.ok(delay=5.0), transport.ok(delay=0.01)])
+    assert await publisher.publish(TOPIC, b"x") == "5"
+    original, hedge, retry = transport.calls[-3:]
+    assert [call.metadata["hedgepub-attempt"] for call in (original, hedge, retry)] == ["0", "1", "0"]
+    assert {call.metadata["hedgepub-batch-id"] for call in (original, hedge, retry)} == {
+        original.metadata["hedgepub-batch-id"]
+    }
+    assert all(call.metadata["x-goog-request-params"] == f"topic={TOPIC}" for call in transport.calls)
+    assert len({call.metadata["hedgepub-batch-id"] for call in transport.calls}) == 6  # one per batch
+    await asyncio.sleep(0.001)
+    assert (original.outcome, hedge.outcome, retry.outcome) == ("error", "cancelled", "ok")
+    stats = publisher.stats()
+    assert (stats.attempts_sent, stats.hedges_sent, stats.hedges_won) == (5 + 3, 1, 0)
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_shutdown_timeout_counts_the_attempts_of_the_batches_it_cuts_off() -> None:
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=1.0, max_tokens=2, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging)
+    await warm_up(publisher, 10)
+    transport.default = transport.ok(delay=100.0)
+    task = asyncio.ensure_future(publisher.publish(TOPIC, b"stuck"))
+    await asyncio.sleep(0)
+    await publisher.shutdown(timeout=2.5)  # the original, then hedges at 1 s and 2 s, all unanswered
+    assert isinstance(task.exception(), ShutdownTimeoutError)
+    assert [call.outcome for call in transport.calls[10:]] == ["cancelled"] * 3
+    stats = publisher.stats()
+    assert (stats.messages_published, stats.messages_failed) == (10, 1)
+    assert (stats.batches_sent, stats.attempts_sent, stats.hedges_sent, stats.hedges_won) == (11, 13, 2, 0)
+    assert stats.max_ms == pytest.approx(2500, rel=0.001)  # shutdown sent the batch at once, cut it at 2.5 s
