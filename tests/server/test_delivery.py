@@ -73,6 +73,27 @@ def test_a_waiting_pull_gets_a_message_that_returns_just_after_it_found_none() -
     run_virtual(scenario())
 
 
+def test_a_message_older_than_the_retention_is_not_delivered() -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        core = PubSubCore(store)
+        core.load()
+        await core.create_topic(Topic(name=TOPIC))
+        config = Subscription(name=SUBSCRIPTION, topic=TOPIC)
+        config.message_retention_duration.seconds = 600
+        await core.create_subscription(config)
+        await publish(core, b"old")
+        published = core.wall_clock_ns()
+        core.wall_clock_ns = lambda: published + 599 * 10**9
+        await publish(core, b"new")
+        core.wall_clock_ns = lambda: published + 601 * 10**9  # "old" is now past 10 minutes
+        assert [r.message.data for r in await core.pull(SUBSCRIPTION, 10, 0)] == [b"new"]
+        await asyncio.sleep(0)  # the expired message's removal from the store
+        assert [message.data for _, message in store.load().pending[SUBSCRIPTION]] == [b"new"]
+
+    run_virtual(scenario())
+
+
 def test_modify_ack_deadline_extends_and_zero_nacks() -> None:
     async def scenario() -> None:
         core = await make_core(ack_deadline_seconds=10)

@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from google.iam.v1 import policy_pb2
@@ -257,11 +257,19 @@ def _page(names: list[str], page_size: int, page_token: str) -> tuple[list[str],
 
 
 class PubSubCore:
-    """Topics, subscriptions, IAM policies and delivery, written through to a :class:`Store`."""
+    """Topics, subscriptions, IAM policies and delivery, written through to a :class:`Store`.
 
-    def __init__(self, store: Store, clock: Clock = DEFAULT_CLOCK) -> None:
+    ``clock`` drives leases and waits. ``wall_clock_ns`` is the calendar time in nanoseconds since the
+    epoch, which ``publish_time`` and message retention are about; replace it (it is a plain attribute)
+    to test retention without waiting for it.
+    """
+
+    def __init__(
+        self, store: Store, clock: Clock = DEFAULT_CLOCK, wall_clock_ns: Callable[[], int] = time.time_ns
+    ) -> None:
         self._store = store
         self._clock = clock
+        self.wall_clock_ns = wall_clock_ns
         self._topics: dict[str, Any] = {}
         self._subscriptions: dict[str, _SubscriptionState] = {}
         self._attached: dict[str, dict[str, _SubscriptionState]] = {}
@@ -467,7 +475,7 @@ class PubSubCore:
     async def _append(self, topic_name: str, messages: Any) -> list[str]:
         """Number, make durable and fan out messages already accepted (no request limits apply)."""
         count = len(messages)
-        now_ns = time.time_ns()
+        now_ns = self.wall_clock_ns()
         seconds, nanos = divmod(now_ns, 1_000_000_000)
         sequence = self._next_sequence
         self._next_sequence = sequence + count
@@ -634,7 +642,7 @@ class PubSubCore:
         config = state.config
         counted = config.HasField("dead_letter_policy")
         retention = _seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
-        oldest_kept = time.time() - retention
+        oldest_kept = self.wall_clock_ns() / 1e9 - retention
         now = self._clock.now()
         deadline = now + consumer.ack_deadline
         out: list[Any] = []
