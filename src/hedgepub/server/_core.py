@@ -383,19 +383,7 @@ class PubSubCore:
 
     async def update_topic(self, update: Any, paths: Sequence[str]) -> Any:
         """UpdateTopic with a field mask."""
-        current = self._topic(update.name)
-        if not paths:
-            raise invalid("The update_mask in the UpdateTopicRequest must be set, and not empty.")
-        for path in paths:
-            if path.split(".", 1)[0] not in _TOPIC_UPDATABLE:
-                raise invalid(
-                    f"Invalid update_mask provided in the UpdateTopicRequest: '{path}' is not a known "
-                    "Topic field, or it cannot be updated. Note that field paths must be of the form "
-                    "'push_config' rather than of the form 'pushConfig'."
-                )
-        updated = Topic()
-        updated.CopyFrom(current)
-        _apply_mask(update, updated, paths)
+        updated = _masked_update("Topic", self._topic(update.name), update, paths, _TOPIC_UPDATABLE)
         self._check_topic_fields(updated)
         await self._store.put("topics", updated.name, updated)
         self._topics[updated.name] = updated
@@ -403,10 +391,7 @@ class PubSubCore:
 
     def list_topics(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
         """ListTopics: one page of the project's topics, sorted by name."""
-        limits.check_project(project)
-        prefix = project + "/topics/"
-        names = sorted(name for name in self._topics if name.startswith(prefix))
-        page, token = _page(names, page_size, page_token)
+        page, token = _project_page(project, "topics", self._topics, page_size, page_token)
         return [self._topics[name] for name in page], token
 
     def list_topic_subscriptions(self, topic: str, page_size: int, page_token: str) -> tuple[list[str], str]:
@@ -586,18 +571,7 @@ class PubSubCore:
     async def update_subscription(self, update: Any, paths: Sequence[str]) -> Any:
         """UpdateSubscription with a field mask."""
         state = self._subscription(update.name)
-        if not paths:
-            raise invalid("The update_mask in the UpdateSubscriptionRequest must be set, and not empty.")
-        for path in paths:
-            if path.split(".", 1)[0] not in _SUBSCRIPTION_UPDATABLE:
-                raise invalid(
-                    f"Invalid update_mask provided in the UpdateSubscriptionRequest: '{path}' is not a "
-                    "known Subscription field, or it cannot be updated. Note that field paths must be of "
-                    "the form 'push_config' rather than of the form 'pushConfig'."
-                )
-        config = Subscription()
-        config.CopyFrom(state.config)
-        _apply_mask(update, config, paths)
+        config = _masked_update("Subscription", state.config, update, paths, _SUBSCRIPTION_UPDATABLE)
         self._check_subscription_fields(config)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
@@ -605,10 +579,7 @@ class PubSubCore:
 
     def list_subscriptions(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
         """ListSubscriptions: one page of the project's subscriptions, sorted by name."""
-        limits.check_project(project)
-        prefix = project + "/subscriptions/"
-        names = sorted(name for name in self._subscriptions if name.startswith(prefix))
-        page, token = _page(names, page_size, page_token)
+        page, token = _project_page(project, "subscriptions", self._subscriptions, page_size, page_token)
         return [self._subscriptions[name].config for name in page], token
 
     async def delete_subscription(self, name: str) -> None:
@@ -965,6 +936,38 @@ def _check_message(message: Any) -> None:
         key_size = len(key.encode())
         if key_size > limits.MAX_ORDERING_KEY_BYTES:
             raise limits.too_large("ordering_key_size", key_size, limits.MAX_ORDERING_KEY_BYTES)
+
+
+def _project_page(
+    project: str, collection: str, names: Iterable[str], page_size: int, page_token: str
+) -> tuple[list[str], str]:
+    """One page of the sorted names of ``project``'s topics or subscriptions (``collection``)."""
+    limits.check_project(project)
+    prefix = f"{project}/{collection}/"
+    return _page(sorted(name for name in names if name.startswith(prefix)), page_size, page_token)
+
+
+def _masked_update(
+    kind: str, current: Any, update: Any, paths: Sequence[str], updatable: frozenset[str]
+) -> Any:
+    """A copy of ``current`` (a Topic or Subscription) with the fields of ``update`` named by the mask.
+
+    The mask is checked in the real service's words: not empty, and naming only updatable fields.
+    """
+    request = f"Update{kind}Request"
+    if not paths:
+        raise invalid(f"The update_mask in the {request} must be set, and not empty.")
+    for path in paths:
+        if path.split(".", 1)[0] not in updatable:
+            raise invalid(
+                f"Invalid update_mask provided in the {request}: '{path}' is not a known {kind} field, or "
+                "it cannot be updated. Note that field paths must be of the form 'push_config' rather than "
+                "of the form 'pushConfig'."
+            )
+    updated = type(current)()
+    updated.CopyFrom(current)
+    _apply_mask(update, updated, paths)
+    return updated
 
 
 def _apply_mask(source: Any, destination: Any, paths: Sequence[str]) -> None:
