@@ -97,14 +97,11 @@ class PubSubServicer:
         return await self.core.update_topic(request.topic, list(request.update_mask.paths))
 
     async def ListTopics(self, request: Any, context: Any) -> Any:
-        topics, token = self.core.list_topics(request.project, request.page_size, request.page_token)
-        return _pb.ListTopicsResponse.pb()(topics=topics, next_page_token=token)
+        return _paged(_pb.ListTopicsResponse, "topics", self.core.list_topics, request.project, request)
 
     async def ListTopicSubscriptions(self, request: Any, context: Any) -> Any:
-        names, token = self.core.list_topic_subscriptions(
-            request.topic, request.page_size, request.page_token
-        )
-        return _pb.ListTopicSubscriptionsResponse.pb()(subscriptions=names, next_page_token=token)
+        lister = self.core.list_topic_subscriptions
+        return _paged(_pb.ListTopicSubscriptionsResponse, "subscriptions", lister, request.topic, request)
 
     async def DeleteTopic(self, request: Any, context: Any) -> Any:
         await self.core.delete_topic(request.topic)
@@ -129,8 +126,8 @@ class PubSubServicer:
         return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
 
     async def ListSubscriptions(self, request: Any, context: Any) -> Any:
-        configs, token = self.core.list_subscriptions(request.project, request.page_size, request.page_token)
-        return _pb.ListSubscriptionsResponse.pb()(subscriptions=configs, next_page_token=token)
+        lister = self.core.list_subscriptions
+        return _paged(_pb.ListSubscriptionsResponse, "subscriptions", lister, request.project, request)
 
     async def DeleteSubscription(self, request: Any, context: Any) -> Any:
         await self.core.delete_subscription(request.subscription)
@@ -248,6 +245,26 @@ class PubSubServicer:
 _PublishResponse: Any = _pb.PublishResponse.pb()
 
 
+def _paged(
+    response_type: Any,
+    field: str,
+    lister: Callable[[str, int, str], tuple[list[Any], str]],
+    scope: str,
+    request: Any,
+) -> Any:
+    """A List RPC's answer: one page of what ``lister`` finds in ``scope`` and the next page's token."""
+    items, token = lister(scope, request.page_size, request.page_token)
+    return response_type.pb()(**{field: items, "next_page_token": token})
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
+    if isinstance(error, ServiceError):
+        await context.abort(_grpc_code(error.code), error.message)
+    logger.error("%s failed", method, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
+
+
 async def _next_request(requests: AsyncIterator[Any]) -> Any:
     try:
         request = await requests.__anext__()
@@ -335,15 +352,8 @@ def _unary(servicer: PubSubServicer, method: str, request_class: Any) -> Callabl
         try:
             await authorize(method, request, context)
             return await behavior(request, context)
-        except ServiceError as error:
-            await context.abort(_grpc_code(error.code), error.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("%s failed", method)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log."
-            )
+        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
+            await _abort(context, method, error)
 
     return handle
 
@@ -355,15 +365,8 @@ def _streaming(servicer: PubSubServicer, method: str) -> Callable[..., AsyncIter
         try:
             async for response in behavior(requests, context):
                 yield response
-        except ServiceError as error:
-            await context.abort(_grpc_code(error.code), error.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("%s failed", method)
-            await context.abort(
-                grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log."
-            )
+        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
+            await _abort(context, method, error)
 
     return handle
 
