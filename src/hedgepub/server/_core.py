@@ -31,7 +31,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from google.iam.v1 import policy_pb2
 from google.protobuf import duration_pb2, field_mask_pb2
@@ -234,6 +234,27 @@ class _SubscriptionState:
         return len(self.ready) + len(self.leases) + len(self.forwarding) + waiting
 
 
+_Found = TypeVar("_Found")
+
+
+def _existing(table: dict[str, _Found], name: str) -> _Found:
+    """The topic or subscription called ``name`` (already checked), or NOT_FOUND."""
+    found = table.get(name)
+    if found is None:
+        raise not_found(name)
+    return found
+
+
+def _check_retention(resource: Any, maximum: float, maximum_words: str) -> None:
+    """A topic's or subscription's message_retention_duration: between 10 minutes and ``maximum``."""
+    seconds = _seconds(resource.message_retention_duration)
+    if not limits.MIN_RETENTION_SECONDS <= seconds <= maximum:
+        raise invalid(
+            f"Invalid message_retention_duration given: {seconds:g}s. It must be between 10 minutes and "
+            f"{maximum_words}."
+        )
+
+
 def _page(names: list[str], page_size: int, page_token: str) -> tuple[list[str], str]:
     """One page of sorted ``names`` and the token of the next (empty when there is none)."""
     if page_size < 0:
@@ -343,21 +364,12 @@ class PubSubCore:
 
     # ----------------------------------------------------------------- topics
     def _topic(self, name: str) -> Any:
-        limits.check_topic_name(name)
-        topic = self._topics.get(name)
-        if topic is None:
-            raise not_found(name)
-        return topic
+        return _existing(self._topics, limits.check_topic_name(name))
 
     @staticmethod
     def _check_topic_fields(topic: Any) -> None:
         if topic.HasField("message_retention_duration"):
-            seconds = _seconds(topic.message_retention_duration)
-            if not limits.MIN_RETENTION_SECONDS <= seconds <= limits.MAX_TOPIC_RETENTION_SECONDS:
-                raise invalid(
-                    f"Invalid message_retention_duration given: {seconds:g}s. It must be between 10 "
-                    "minutes and 31 days."
-                )
+            _check_retention(topic, limits.MAX_TOPIC_RETENTION_SECONDS, "31 days")
 
     async def create_topic(self, request: Any) -> Any:
         """CreateTopic: the request is a ``Topic``."""
@@ -485,23 +497,14 @@ class PubSubCore:
 
     # ----------------------------------------------------------------- subscriptions
     def _subscription(self, name: str) -> _SubscriptionState:
-        limits.check_subscription_name(name)
-        state = self._subscriptions.get(name)
-        if state is None:
-            raise not_found(name)
-        return state
+        return _existing(self._subscriptions, limits.check_subscription_name(name))
 
     def _check_subscription_fields(self, config: Any) -> None:
         if config.ack_deadline_seconds == 0:
             config.ack_deadline_seconds = limits.DEFAULT_ACK_DEADLINE_SECONDS
         limits.check_ack_deadline(config.ack_deadline_seconds, allow_zero=False)
         if config.HasField("message_retention_duration"):
-            seconds = _seconds(config.message_retention_duration)
-            if not limits.MIN_RETENTION_SECONDS <= seconds <= limits.MAX_SUBSCRIPTION_RETENTION_SECONDS:
-                raise invalid(
-                    f"Invalid message_retention_duration given: {seconds:g}s. It must be between 10 "
-                    "minutes and 7 days."
-                )
+            _check_retention(config, limits.MAX_SUBSCRIPTION_RETENTION_SECONDS, "7 days")
         else:
             config.message_retention_duration.CopyFrom(
                 duration_pb2.Duration(seconds=limits.DEFAULT_RETENTION_SECONDS)
