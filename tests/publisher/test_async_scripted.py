@@ -116,18 +116,22 @@ async def test_total_timeout_fails_with_last_error() -> None:
     assert isinstance(caught.value.last_error, RpcError)
 
 
-async def warm_up(publisher: AsyncPublisherClient, batches: int) -> None:
-    for _ in range(batches):
+async def hedging_publisher(
+    *, hedge_delay: float, max_tokens: int, refill_ratio: float
+) -> tuple[ScriptedTransport, AsyncPublisherClient]:
+    """A hedging publisher on a scripted transport, its bucket filled to ``max_tokens`` by quick batches."""
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=hedge_delay, max_tokens=max_tokens, refill_ratio=refill_ratio)
+    publisher = client(transport, hedging_settings=hedging)
+    for _ in range(round(max_tokens / refill_ratio)):
         await publisher.publish(TOPIC, b"warm-up")
+    assert publisher.stats().tokens_available == max_tokens
+    return transport, publisher
 
 
 @virtual_time
 async def test_hedge_wins_and_the_original_is_cancelled() -> None:
-    transport = ScriptedTransport()
-    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
-    publisher = client(transport, hedging_settings=hedging)
-    await warm_up(publisher, 5)
-    assert publisher.stats().tokens_available == 1.0
+    transport, publisher = await hedging_publisher(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
     transport.script.extend([transport.ok(delay=5.0), transport.ok(delay=0.02)])
     started = now()
     assert await publisher.publish(TOPIC, b"slow") == "5"  # IDs of the hedge, the first to answer
@@ -154,10 +158,7 @@ async def test_no_hedge_when_the_bucket_is_empty() -> None:
 
 @virtual_time
 async def test_hedging_stops_by_itself_under_sustained_slowness() -> None:
-    transport = ScriptedTransport()
-    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=2, refill_ratio=0.1)
-    publisher = client(transport, hedging_settings=hedging)
-    await warm_up(publisher, 20)
+    transport, publisher = await hedging_publisher(hedge_delay=0.1, max_tokens=2, refill_ratio=0.1)
     transport.default = transport.ok(delay=0.35)  # every attempt is slow now, hedges too
     for _ in range(10):
         await publisher.publish(TOPIC, b"slow")
@@ -281,10 +282,7 @@ def test_construction_refuses_hedging_that_cannot_work() -> None:
 
 @virtual_time
 async def test_retries_and_hedges_of_a_batch_share_its_metadata() -> None:
-    transport = ScriptedTransport()
-    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
-    publisher = client(transport, hedging_settings=hedging)
-    await warm_up(publisher, 5)
+    transport, publisher = await hedging_publisher(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
     # Original: UNAVAILABLE at 0.02 s, retried at 0.12 s; hedge 1 at 0.1 s is slow; the retry wins.
     unavailable = transport.fail(StatusCode.UNAVAILABLE, delay=0.02)
     transport.script.extend([unavailable, transport.ok(delay=5.0), transport.ok(delay=0.01)])
@@ -305,10 +303,7 @@ async def test_retries_and_hedges_of_a_batch_share_its_metadata() -> None:
 
 @virtual_time
 async def test_shutdown_timeout_counts_the_attempts_of_the_batches_it_cuts_off() -> None:
-    transport = ScriptedTransport()
-    hedging = HedgingSettings(hedge_delay=1.0, max_tokens=2, refill_ratio=0.2)
-    publisher = client(transport, hedging_settings=hedging)
-    await warm_up(publisher, 10)
+    transport, publisher = await hedging_publisher(hedge_delay=1.0, max_tokens=2, refill_ratio=0.2)
     transport.default = transport.ok(delay=100.0)
     task = asyncio.ensure_future(publisher.publish(TOPIC, b"stuck"))
     await asyncio.sleep(0)
