@@ -6,7 +6,8 @@ child process), keeping every future until all are published, as ``publish_throu
 reported per client is its peak RSS increase: ``ru_maxrss`` once the client is built and has published a
 1,000-message warm-up (imports, channel, threads), subtracted from ``ru_maxrss`` after the N messages.
 ``--tracemalloc`` adds a second run per client that reports the peak of Python allocations instead (it
-misses memory that C code allocates, such as protobuf messages, and slows publishing down).
+misses memory that C code allocates, such as protobuf messages, and slows publishing down). The server,
+topics, payload and hedge delay are those of ``publish_throughput.py``.
 
     python benchmarks/publish_memory.py [--messages 100000] [--rounds 1] [--tracemalloc]
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import resource
 import statistics
 import sys
@@ -24,9 +24,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-PROJECT = "bench-project"
-PAYLOAD = b"x" * 100
-HEDGE_DELAY = 1.0  # seconds; a healthy local server answers far sooner, so no hedge is sent
+from publish_throughput import HEDGE_DELAY, PAYLOAD, create_topic, local_server
+
 WARM_UP = 1_000
 CLIENTS = ("off", "on", "official")
 LABELS = {
@@ -34,25 +33,6 @@ LABELS = {
     "on": "hedgepub sync, hedging on",
     "official": "google-cloud-pubsub",
 }
-
-
-def _serve(
-    address_pipe: multiprocessing.connection.Connection, stop: multiprocessing.synchronize.Event
-) -> None:
-    from hedgepub.server import LocalServer
-
-    with LocalServer(in_memory=True) as server:
-        address_pipe.send(server.address)
-        stop.wait()
-
-
-def _create_topic(address: str, name: str) -> str:
-    from hedgepub.bench import AdminClient
-
-    topic = f"projects/{PROJECT}/topics/{name}"
-    with AdminClient(address) as admin:
-        admin.create_topic(topic)
-    return topic
 
 
 def _max_rss_bytes() -> int:
@@ -126,20 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    stop = context.Event()
-    server = context.Process(target=_serve, args=(send, stop), daemon=True)
-    server.start()
     rss: dict[str, list[float]] = {name: [] for name in CLIENTS}
     traced: dict[str, list[float]] = {name: [] for name in CLIENTS}
-    try:
-        address = receive.recv()
-        os.environ["PUBSUB_EMULATOR_HOST"] = address  # the children inherit it
+    with local_server(context) as address:
         for round_number in range(options.rounds):
             order = list(CLIENTS[round_number % 3 :] + CLIENTS[: round_number % 3])
             for name in order:
-                warm_up = _create_topic(address, f"memory-{round_number}-{name}-warm-up")
-                topic = _create_topic(address, f"memory-{round_number}-{name}")
+                warm_up = create_topic(address, f"memory-{round_number}-{name}-warm-up")
+                topic = create_topic(address, f"memory-{round_number}-{name}")
                 result = _run_in_child(context, name, warm_up, topic, options.messages, False)
                 rss[name].append(result["rss_increase"])
                 increase, base = _mib(result["rss_increase"]).strip(), _mib(result["rss_before"]).strip()
@@ -150,14 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 if options.tracemalloc:
-                    topic = _create_topic(address, f"memory-{round_number}-{name}-traced")
+                    topic = create_topic(address, f"memory-{round_number}-{name}-traced")
                     result = _run_in_child(context, name, warm_up, topic, options.messages, True)
                     traced[name].append(result["traced_peak"])
                     peak = _mib(result["traced_peak"]).strip()
                     print(f"round {round_number + 1} {name:>8}: tracemalloc peak {peak}", flush=True)
-    finally:
-        stop.set()
-        server.join(10)
 
     print()
     print(

@@ -13,12 +13,13 @@ Targets: hedgepub >= 4x the official client; hedging on (not triggered) >= 0.95x
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 PROJECT = "bench-project"
 PAYLOAD = b"x" * 100
@@ -35,18 +36,29 @@ def _serve(
         stop.wait()
 
 
-def _create_topic(address: str, name: str) -> str:
-    import grpc
-    from google.pubsub_v1.types import pubsub
+@contextlib.contextmanager
+def local_server(context: multiprocessing.context.SpawnContext) -> Iterator[str]:
+    """An in-memory local server in a child process; yields its address, also set in PUBSUB_EMULATOR_HOST."""
+    receive, send = context.Pipe(duplex=False)
+    stop = context.Event()
+    server = context.Process(target=_serve, args=(send, stop), daemon=True)
+    server.start()
+    try:
+        address = receive.recv()
+        os.environ["PUBSUB_EMULATOR_HOST"] = address  # official clients and child processes read it
+        yield address
+    finally:
+        stop.set()
+        server.join(10)
+
+
+def create_topic(address: str, name: str) -> str:
+    """Create topic ``name`` of the bench project on the server at ``address``; return its path."""
+    from hedgepub.bench import AdminClient
 
     topic = f"projects/{PROJECT}/topics/{name}"
-    with grpc.insecure_channel(address) as channel:
-        create = channel.unary_unary(
-            "/google.pubsub.v1.Publisher/CreateTopic",
-            request_serializer=pubsub.Topic.pb().SerializeToString,
-            response_deserializer=pubsub.Topic.pb().FromString,
-        )
-        create(pubsub.Topic.pb()(name=topic), timeout=10)
+    with AdminClient(address) as admin:
+        admin.create_topic(topic)
     return topic
 
 
@@ -104,24 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs all three clients)")
     options = parser.parse_args(argv)
 
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    stop = context.Event()
-    server = context.Process(target=_serve, args=(send, stop), daemon=True)
-    server.start()
-    try:
-        address = receive.recv()
-        os.environ["PUBSUB_EMULATOR_HOST"] = address
-        results: dict[str, list[float]] = {"off": [], "on": [], "official": []}
-        hedges = 0
+    results: dict[str, list[float]] = {"off": [], "on": [], "official": []}
+    hedges = 0
+    with local_server(multiprocessing.get_context("spawn")) as address:
         # Warm-up: imports, channels, server code paths.
-        run_hedgepub(_create_topic(address, "warm-up-hedgepub"), 2_000, hedging=False)
-        run_official(_create_topic(address, "warm-up-official"), 2_000)
+        run_hedgepub(create_topic(address, "warm-up-hedgepub"), 2_000, hedging=False)
+        run_official(create_topic(address, "warm-up-official"), 2_000)
         for round_number in range(options.rounds):
             order = ["off", "on", "official"]
             order = order[round_number % 3 :] + order[: round_number % 3]  # rotate who goes first
             for name in order:
-                topic = _create_topic(address, f"round-{round_number}-{name}")
+                topic = create_topic(address, f"round-{round_number}-{name}")
                 if name == "official":
                     rate = run_official(topic, options.messages)
                 else:
@@ -129,9 +134,6 @@ def main(argv: list[str] | None = None) -> int:
                     hedges += sent
                 results[name].append(rate)
                 print(f"round {round_number + 1} {name:>8}: {rate:>10,.0f} messages/s", flush=True)
-    finally:
-        stop.set()
-        server.join(10)
 
     off, on, official = (statistics.median(results[name]) for name in ("off", "on", "official"))
     speedup, hedging_ratio = off / official, on / off
