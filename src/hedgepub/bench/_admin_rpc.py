@@ -114,16 +114,13 @@ class AdminClient:
 
     def list_topics(self, project: str) -> Iterator[Any]:
         """Every ``Topic`` of ``project``, across pages."""
-        request_class = pubsub_types.ListTopicsRequest.pb()
-        response_class = pubsub_types.ListTopicsResponse.pb()
-        token = ""
-        while True:
-            request = request_class(project=f"projects/{project}", page_size=1000, page_token=token)
-            response = self._call(_PUBLISHER + "ListTopics", request, response_class)
-            yield from response.topics
-            token = response.next_page_token
-            if not token:
-                return
+        yield from self._list_all(
+            _PUBLISHER + "ListTopics",
+            pubsub_types.ListTopicsRequest.pb(),
+            pubsub_types.ListTopicsResponse.pb(),
+            project,
+            "topics",
+        )
 
     # subscriptions
     def create_subscription(self, subscription: str, topic: str, *, ack_deadline_seconds: int = 10) -> Any:
@@ -143,13 +140,23 @@ class AdminClient:
 
     def list_subscriptions(self, project: str) -> Iterator[Any]:
         """Every ``Subscription`` of ``project``, across pages."""
-        request_class = pubsub_types.ListSubscriptionsRequest.pb()
-        response_class = pubsub_types.ListSubscriptionsResponse.pb()
+        yield from self._list_all(
+            _SUBSCRIBER + "ListSubscriptions",
+            pubsub_types.ListSubscriptionsRequest.pb(),
+            pubsub_types.ListSubscriptionsResponse.pb(),
+            project,
+            "subscriptions",
+        )
+
+    def _list_all(
+        self, method: str, request_class: Any, response_class: Any, project: str, field: str
+    ) -> Iterator[Any]:
+        """Every item of the repeated ``field`` of a paged List RPC on ``project``, page after page."""
         token = ""
         while True:
             request = request_class(project=f"projects/{project}", page_size=1000, page_token=token)
-            response = self._call(_SUBSCRIBER + "ListSubscriptions", request, response_class)
-            yield from response.subscriptions
+            response = self._call(method, request, response_class)
+            yield from getattr(response, field)
             token = response.next_page_token
             if not token:
                 return
