@@ -159,13 +159,7 @@ def topics_list(endpoint: str | None, project: str, timeout: float) -> None:
 @_connection_options
 def topics_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
     """Delete each TOPIC (short ID or full path)."""
-    target = _Target(endpoint, project, timeout)
-    with target.admin() as admin:
-        for name in names:
-            path = target.path("topics", name)
-            with _errors_to_exit_codes(target, f"topic {path}"):
-                admin.delete_topic(path)
-            click.echo(f"deleted {path}")
+    _delete_each(_Target(endpoint, project, timeout), "topics", names)
 
 
 # --------------------------------------------------------------------------------------------- subscriptions
@@ -212,12 +206,17 @@ def subscriptions_list(endpoint: str | None, project: str, timeout: float) -> No
 @_connection_options
 def subscriptions_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
     """Delete each SUBSCRIPTION (short ID or full path)."""
-    target = _Target(endpoint, project, timeout)
+    _delete_each(_Target(endpoint, project, timeout), "subscriptions", names)
+
+
+def _delete_each(target: _Target, collection: str, names: tuple[str, ...]) -> None:
+    """Delete each name of ``collection`` ("topics" or "subscriptions") in turn, printing each path."""
     with target.admin() as admin:
+        delete = admin.delete_topic if collection == "topics" else admin.delete_subscription
         for name in names:
-            path = target.path("subscriptions", name)
-            with _errors_to_exit_codes(target, f"subscription {path}"):
-                admin.delete_subscription(path)
+            path = target.path(collection, name)
+            with _errors_to_exit_codes(target, f"{collection[:-1]} {path}"):
+                delete(path)
             click.echo(f"deleted {path}")
 
 
