@@ -19,6 +19,7 @@ import grpc.aio
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
@@ -33,15 +34,17 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
+def open_store(
+    data_dir: str | os.PathLike[str] | None, in_memory: bool, *, keep_unsubscribed: bool = False
+) -> Store:
     """The store for a server: in memory, or SQLite in ``data_dir``."""
     if in_memory:
-        return MemoryStore()
+        return MemoryStore(keep_unsubscribed=keep_unsubscribed)
     if data_dir is None:
         raise ValueError("data_dir is required unless in_memory=True")
     from hedgepub.server._sqlite import SqliteStore
 
-    return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
+    return SqliteStore(Path(data_dir) / "pubsub.sqlite3", keep_unsubscribed=keep_unsubscribed)
 
 
 class AsyncLocalServer:
@@ -52,7 +55,9 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead.
+    :class:`~hedgepub.server.Authorizer` instead. ``keep_unsubscribed=True`` keeps the messages published
+    while their topic has no subscription (the real service drops them; :class:`LocalServer` keeps them
+    so that ``messages(topic)`` shows them). ``window``: ready messages held in memory per subscription.
     """
 
     def __init__(
@@ -66,6 +71,8 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        keep_unsubscribed: bool = False,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
         if faults is None:
             faults = FaultInjector()
@@ -81,6 +88,8 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        self.keep_unsubscribed = keep_unsubscribed
+        self._window = window
         self._server: grpc.aio.Server | None = None
         self.core: PubSubCore | None = None
         self.port = 0
@@ -92,8 +101,8 @@ class AsyncLocalServer:
 
     async def start(self) -> None:
         """Open the store, load what it holds, and start serving."""
-        store = open_store(self.data_dir, self.in_memory)
-        core = PubSubCore(store, clock=self._clock)
+        store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
+        core = PubSubCore(store, clock=self._clock, window=self._window)
         loop = asyncio.get_running_loop()
         # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
         snapshot = await loop.run_in_executor(None, store.load)
@@ -182,7 +191,9 @@ class LocalServer:
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`).
+    :class:`AsyncLocalServer`). Messages published while a topic has no subscription are kept, so that
+    :meth:`messages` shows them; ``keep_unsubscribed=False`` drops them, as the real service does (for long
+    runs, where they would only fill memory or disk).
     """
 
     def __init__(
@@ -195,10 +206,20 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        keep_unsubscribed: bool = True,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+            host,
+            port,
+            data_dir=data_dir,
+            in_memory=in_memory,
+            faults=faults,
+            iam=iam,
+            authorizer=authorizer,
+            keep_unsubscribed=keep_unsubscribed,
+            window=window,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -310,7 +331,11 @@ class LocalServer:
         return core
 
     def messages(self, topic: str) -> list[StoredMessage]:
-        """Every message stored on ``topic`` (full name), in publish order."""
+        """Every message still stored on ``topic`` (full name), in publish order.
+
+        That is every message published while the topic had no subscription (unless
+        ``keep_unsubscribed=False``), and those some subscription has not acknowledged yet.
+        """
 
         async def read() -> list[StoredMessage]:
             return self._core().messages(topic)
