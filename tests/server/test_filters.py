@@ -34,9 +34,9 @@ CASES = [
     ('attributes.domain = "com" OR attributes.domain = "org" OR attributes:x', {"domain": "org"}, True),
     ('attributes.domain = "com" OR attributes.domain = "org"', {"domain": "net"}, False),
     ('attributes:a AND (attributes.b = "1" OR attributes.b = "2")', {"a": "", "b": "2"}, True),
-    ('(attributes:a AND attributes:b) OR attributes:c', {"c": "1"}, True),
-    ('NOT (attributes:a OR attributes:b)', {"c": "1"}, True),
-    ('- (attributes:a OR attributes:b)', {"a": "1"}, False),
+    ("(attributes:a AND attributes:b) OR attributes:c", {"c": "1"}, True),
+    ("NOT (attributes:a OR attributes:b)", {"c": "1"}, True),
+    ("- (attributes:a OR attributes:b)", {"a": "1"}, False),
     ("NOT NOT attributes:a", {"a": "1"}, True),
     # Keys: letters, digits, - and _ bare; anything else as a string literal.
     ('attributes.ce-type = "x"', {"ce-type": "x"}, True),
@@ -68,13 +68,13 @@ def test_the_empty_filter_matches_everything() -> None:
 
 BAD = [
     # (filter, words the message must contain)
-    ('attributes:a AND attributes:b OR attributes:c', ["position 31", "AND and OR cannot be combined"]),
-    ('attributes:a OR attributes:b AND attributes:c', ["position 30", "AND and OR cannot be combined"]),
+    ("attributes:a AND attributes:b OR attributes:c", ["position 31", "AND and OR cannot be combined"]),
+    ("attributes:a OR attributes:b AND attributes:c", ["position 30", "AND and OR cannot be combined"]),
     ("NOT attributes:a AND attributes:b OR attributes:c", ["AND and OR cannot be combined"]),
     ("attributes:a and attributes:b", ["position 14", "upper case"]),
     ("attributes:a or attributes:b", ["upper case"]),
     ("not attributes:a", ["position 1"]),
-    ('attributes.a = x', ["position 16", "string literal"]),
+    ("attributes.a = x", ["position 16", "string literal"]),
     ('attributes.a = "x', ["position 16", "not closed"]),
     ("(attributes:a", ["ends early", "')'"]),
     ("attributes:a)", ["position 13", "unexpected ')'"]),
@@ -84,13 +84,13 @@ BAD = [
     ("foo", ["position 1", "unexpected 'foo'"]),
     ('data = "x"', ["position 1"]),
     ('attributes.a == "x"', ["position"]),
-    ('hasPrefix(attributes.a)', ["position 23"]),
+    ("hasPrefix(attributes.a)", ["position 23"]),
     ('hasPrefix(attributes:a, "x")', ["position 21"]),
     ('attributes.a = "\\q"', ["position 17", "escape"]),
     ('attributes.a = "\\uD800"', ["not a valid character"]),
     ("attributes:a AND", ["ends early"]),
     ("()", ["position 2"]),
-    ("attributes.a.b = \"x\"", ["position 13"]),
+    ('attributes.a.b = "x"', ["position 13"]),
 ]
 
 

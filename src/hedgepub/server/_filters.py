@@ -180,9 +180,11 @@ def _match_all(attributes: Mapping[str, str]) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1024)
 def compile_filter(text: str) -> Predicate:
     """The predicate for a subscription's ``filter`` (every message matches the empty filter).
 
+    Cached by text: a subscription's filter is parsed once, when it is created (or reloaded).
     Raises :class:`ServiceError` (INVALID_ARGUMENT) for a filter over 256 bytes or one that does not
     parse, saying where.
     """
