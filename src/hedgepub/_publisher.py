@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
+from hedgepub._delay import AdaptiveDelayEstimator
 from hedgepub._engine import BatchOutcome, run_batch
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._flow_control import FlowController
@@ -44,6 +45,7 @@ from hedgepub._settings import (
     FlowControlSettings,
     HedgingSettings,
     RetrySettings,
+    adaptive_delay_limit,
     check_hedging,
 )
 from hedgepub._stats import PublisherStats, StatsRecorder
@@ -159,6 +161,13 @@ class _PublisherCore:
         self.retry = retry_settings
         self.ordering = bool(enable_message_ordering)
         self.bucket = TokenBucket.from_settings(hedging_settings) if hedging_settings is not None else None
+        self.delay_source: AdaptiveDelayEstimator | None = None
+        if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
+            self.delay_source = AdaptiveDelayEstimator(
+                hedging_settings.adaptive_delay,
+                fallback=hedging_settings.hedge_delay,
+                limit=adaptive_delay_limit(retry_settings),
+            )
         self.clock = clock
         self.sync_futures = sync_futures
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
@@ -435,6 +444,7 @@ class _PublisherCore:
                 hedging=self.hedging,
                 bucket=self.bucket,
                 clock=self.clock,
+                delay_source=self.delay_source,
             )
         except asyncio.CancelledError:
             error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
@@ -532,7 +542,10 @@ class _PublisherCore:
 
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
-        return self.stats_recorder.snapshot(self.bucket.tokens if self.bucket is not None else 0.0)
+        if self.hedging is None:
+            return self.stats_recorder.snapshot(0.0)
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.stats_recorder.snapshot(self.bucket.tokens, delay)  # type: ignore[union-attr]
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
