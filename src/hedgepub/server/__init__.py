@@ -25,7 +25,7 @@ Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator
 """
 
 from hedgepub.server._core import PubSubCore
-from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix
+from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix, StallWindows
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
@@ -46,6 +46,7 @@ __all__ = [
     "PubSubCore",
     "ServiceError",
     "Snapshot",
+    "StallWindows",
     "Store",
     "StoredMessage",
     "serve",

@@ -76,7 +76,7 @@ class PubSubCore:
         self._attached: dict[str, dict[str, SubscriptionState]] = {}
         self._policies: dict[str, Any] = {}
         self._next_sequence = 1
-        self._leasing = Leasing(clock, self._dead_letter)
+        self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
 
     # ----------------------------------------------------------------- lifecycle
@@ -245,7 +245,9 @@ class PubSubCore:
         await self._store.append(topic_name, records, [state.name for state in targets])
         for state in targets:
             if not state.deleted:
-                state.add(records)
+                refused = state.add(records)
+                if refused:
+                    await self._store.ack(state.name, refused)
         return ids
 
     # ----------------------------------------------------------------- subscriptions
@@ -322,12 +324,17 @@ class PubSubCore:
         if not state.ready and not state.more:
             return []
         config = state.config
-        retention = resources.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
+        retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = self.wall_clock_ns() / 1e9 - retention
         out, expired = state.take(consumer, max_messages, oldest_kept)
         if expired:
             self._spawn(self._store.ack(state.name, expired))
         return out
+
+    def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
+        # Read from the store but never to be delivered (a filter refused them before a crash let the
+        # publish-time acknowledgement happen): acknowledged now, in the background.
+        self._spawn(self._store.ack(state.name, sequences))
 
     def _dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
         self._spawn(self._forward_dead_letter(state, pending, topic))

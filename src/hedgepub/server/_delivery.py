@@ -27,6 +27,7 @@ from typing import Any
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._clock import Clock, TimerHandle
+from hedgepub.server._filters import compile_filter
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
@@ -105,6 +106,8 @@ class Lease:
 
 #: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
 DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
+#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
+DiscardHook = Callable[["SubscriptionState", list[int]], None]
 #: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
 PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
 
@@ -112,9 +115,10 @@ PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
 class Leasing:
     """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
 
-    def __init__(self, clock: Clock, dead_letter: DeadLetterHook) -> None:
+    def __init__(self, clock: Clock, dead_letter: DeadLetterHook, discard: DiscardHook) -> None:
         self.clock = clock
         self.dead_letter = dead_letter
+        self.discard = discard
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
@@ -203,6 +207,8 @@ class SubscriptionState:
         self, config: Any, leasing: Leasing, pages: PageSource | None = None, window: int = DEFAULT_WINDOW
     ) -> None:
         self.config = config
+        #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
+        self.matches = compile_filter(config.filter)
         self._leasing = leasing
         self._pages = pages
         self.window = window
@@ -275,8 +281,22 @@ class SubscriptionState:
                 self.key_backlog[key] = deque()
         self.ready.append(pending)
 
-    def add(self, records: Sequence[tuple[int, Any]]) -> None:
-        """Newly published messages, already durable: into the window if they fit, else left in the store."""
+    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
+        """Newly published messages, already durable: into the window if they fit, else left in the store.
+
+        Returns the sequences the filter refused: the caller acknowledges those in the store, since to the
+        subscription they are acknowledged at publish time, as the real service does, and never delivered.
+        """
+        refused: list[int] = []
+        if self.config.filter:
+            matches = self.matches
+            kept = []
+            for record in records:
+                if matches(record[1].attributes):
+                    kept.append(record)
+                else:
+                    refused.append(record[0])
+            records = kept
         if not self.more:
             window, cursor = self.window, self.cursor
             for sequence, message in records:
@@ -288,7 +308,9 @@ class SubscriptionState:
                 self._place(Pending(sequence, message))
                 cursor = sequence
             self.cursor = cursor
-        self.notify()
+        if records:
+            self.notify()
+        return refused
 
     def refill(self) -> bool:
         """Read the next page of the backlog from the store into the window; whether anything came."""
@@ -296,9 +318,16 @@ class SubscriptionState:
         if not self.more or room <= 0 or self._pages is None:
             return False
         page = self._pages(self.name, self.cursor, room)
+        refused: list[int] = []
+        filtered = bool(self.config.filter)
         for sequence, message in page:
-            self._place(Pending(sequence, message))
             self.cursor = sequence
+            if filtered and not self.matches(message.attributes):
+                refused.append(sequence)
+            else:
+                self._place(Pending(sequence, message))
+        if refused:
+            self._leasing.discard(self, refused)
         self.more = len(page) >= room
         return bool(page)
 
