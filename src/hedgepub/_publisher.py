@@ -40,6 +40,7 @@ from hedgepub._engine import BatchOutcome, run_batch
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._flow_control import FlowController
 from hedgepub._futures import BatchFuture, resolve_batch
+from hedgepub._migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._settings import (
     MAX_REQUEST_BYTES,
     BatchSettings,
@@ -103,6 +104,12 @@ def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
                 continue
             except UnicodeDecodeError:
                 pass
+        if name in ("retry", "timeout"):
+            raise TypeError(
+                f"publish(..., {name}=...) per message is the official client's argument; hedgepub sets it "
+                "for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
+                "publisher_options=...) to PublisherClient instead"
+            )
         raise TypeError(
             f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
             "All attributes published to Pub/Sub must be text strings."
@@ -642,6 +649,16 @@ class _PublisherCore:
 _DEFAULT_BATCH = BatchSettings()
 _DEFAULT_RETRY = RetrySettings()
 _DEFAULT_FLOW = FlowControlSettings()
+#: What each constructor argument is when not given, so that official arguments can fill it (or clash).
+_FACADE_DEFAULTS: dict[str, Any] = {
+    "hedging_settings": None,
+    "batch_settings": _DEFAULT_BATCH,
+    "retry_settings": _DEFAULT_RETRY,
+    "flow_control": _DEFAULT_FLOW,
+    "enable_message_ordering": False,
+    "endpoint": None,
+    "credentials": None,
+}
 
 
 class _ClientFacade:
@@ -661,18 +678,43 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        publisher_options: Any = None,
+        client_options: Any = None,
         transport: Transport | None = None,
         hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        **official_keywords: Any,
     ) -> None:
+        arguments = {
+            "hedging_settings": hedging_settings,
+            "batch_settings": batch_settings,
+            "retry_settings": retry_settings,
+            "flow_control": flow_control,
+            "enable_message_ordering": enable_message_ordering,
+            "endpoint": endpoint,
+            "credentials": credentials,
+        }
+        if official_keywords:
+            refuse_official_keywords(official_keywords)
+        if isinstance(transport, str) or type(transport).__name__ == "PublisherGrpcTransport":
+            raise TypeError(
+                f"transport={transport!r} is the official client's GAPIC transport, which hedgepub does not "
+                "use: "
+                "drop it (hedgepub always speaks gRPC), or pass endpoint= / credentials="
+            )
+        if (
+            publisher_options is not None
+            or client_options is not None
+            or is_official_batch_settings(hedging_settings)
+            or type(batch_settings) is not BatchSettings
+        ):
+            arguments = translate(
+                {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
+            )
+        if arguments.pop("enable_open_telemetry", False):
+            raise ValueError("OpenTelemetry tracing is not available in this version of hedgepub")
         self._core = _PublisherCore(
-            hedging_settings=hedging_settings,
-            batch_settings=batch_settings,
-            retry_settings=retry_settings,
-            flow_control=flow_control,
-            enable_message_ordering=enable_message_ordering,
-            endpoint=endpoint,
-            credentials=credentials,
+            **arguments,
             transport=transport,
             clock=clock,
             sync_futures=self._sync_futures,
@@ -773,6 +815,13 @@ class PublisherClient(_ClientFacade):
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._endpoints`.
         transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
+            (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
+        client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+
+    ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
+    ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what
+    maps and what is refused.
     """
 
     _sync_futures = True
@@ -816,6 +865,10 @@ class PublisherClient(_ClientFacade):
             self._runner.close(timeout)
         finally:
             self._finalizer.detach()
+
+    def stop(self) -> None:
+        """:meth:`shutdown` under the official client's name: flush, wait for every message, stop."""
+        self.shutdown()
 
     def __enter__(self) -> PublisherClient:
         return self

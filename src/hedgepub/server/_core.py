@@ -85,7 +85,9 @@ class PubSubCore:
                 self._attached.setdefault(config.topic, {})[name] = state
             pending = snapshot.pending.get(name)
             if pending and not config.detached:
-                state.add(pending)
+                refused = state.add(pending)
+                if refused:  # a crash came between a publish and the ack of what the filter refused
+                    self._spawn(self._store.ack(name, refused))
 
     async def close(self) -> None:
         """Stop timers and background work, and close the store."""
@@ -220,7 +222,9 @@ class PubSubCore:
         await self._store.append(topic_name, records, [state.name for state in targets])
         for state in targets:
             if not state.deleted:
-                state.add(records)
+                refused = state.add(records)
+                if refused:
+                    await self._store.ack(state.name, refused)
         return ids
 
     # ----------------------------------------------------------------- subscriptions
@@ -297,7 +301,7 @@ class PubSubCore:
         if not state.ready:
             return []
         config = state.config
-        retention = resources.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
+        retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = self.wall_clock_ns() / 1e9 - retention
         out, expired = state.take(consumer, max_messages, oldest_kept)
         if expired:

@@ -27,6 +27,7 @@ from typing import Any
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._clock import Clock, TimerHandle
+from hedgepub.server._filters import compile_filter
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
@@ -166,6 +167,8 @@ class SubscriptionState:
 
     def __init__(self, config: Any, leasing: Leasing) -> None:
         self.config = config
+        #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
+        self.matches = compile_filter(config.filter)
         self._leasing = leasing
         self.ready: deque[Pending] = deque()
         self.leases: dict[str, Lease] = {}
@@ -217,8 +220,22 @@ class SubscriptionState:
             self._waiters.discard(waiter)
         return True
 
-    def add(self, records: Sequence[tuple[int, Any]]) -> None:
-        """Append newly published (or reloaded) messages."""
+    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
+        """Append newly published (or reloaded) messages; return the sequences the filter refused.
+
+        The caller acknowledges those in the store: to the subscription they are acknowledged at publish
+        time, as the real service does, and never delivered.
+        """
+        refused: list[int] = []
+        if self.config.filter:
+            matches = self.matches
+            kept = []
+            for record in records:
+                if matches(record[1].attributes):
+                    kept.append(record)
+                else:
+                    refused.append(record[0])
+            records = kept
         if self.ordered:
             backlog = self.key_backlog
             for sequence, message in records:
@@ -233,7 +250,9 @@ class SubscriptionState:
                     self.ready.append(pending)
         else:
             self.ready.extend(Pending(sequence, message) for sequence, message in records)
-        self.notify()
+        if records:
+            self.notify()
+        return refused
 
     def finished(self, pending: Pending) -> None:
         """A message left the subscription for good: release the next one of its ordering key."""
