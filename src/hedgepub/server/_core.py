@@ -41,6 +41,7 @@ from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
 from hedgepub._status import StatusCode
 from hedgepub.server import _limits as limits
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
 
 logger = logging.getLogger("hedgepub.server")
@@ -304,6 +305,8 @@ class PubSubCore:
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
         self._background: set[asyncio.Task[Any]] = set()
+        #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
+        self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -311,6 +314,7 @@ class PubSubCore:
         snapshot = snapshot if snapshot is not None else self._store.load()
         self._topics = dict(snapshot.topics)
         self._policies = dict(snapshot.policies)
+        self.schemas.load(snapshot.schemas)
         self._next_sequence = snapshot.next_sequence
         self._subscriptions = {}
         self._attached = {}
@@ -346,6 +350,7 @@ class PubSubCore:
         self._subscriptions.clear()
         self._attached.clear()
         self._policies.clear()
+        self.schemas.clear()
         self._deadlines.clear()
         await self._store.clear()
 
@@ -377,6 +382,8 @@ class PubSubCore:
         if name in self._topics:
             raise limits.already_exists(name)
         self._check_topic_fields(request)
+        if request.HasField("schema_settings"):
+            self.schemas.check_settings(request.schema_settings)
         topic = Topic()
         topic.CopyFrom(request)
         topic.state = 0
@@ -395,8 +402,11 @@ class PubSubCore:
 
     async def update_topic(self, update: Any, paths: Sequence[str]) -> Any:
         """UpdateTopic with a field mask."""
-        updated = _masked_update("Topic", self._topic(update.name), update, paths, _TOPIC_UPDATABLE)
+        current = self._topic(update.name)
+        updated = _masked_update("Topic", current, update, paths, _TOPIC_UPDATABLE)
         self._check_topic_fields(updated)
+        if updated.HasField("schema_settings") and updated.schema_settings != current.schema_settings:
+            self.schemas.check_settings(updated.schema_settings)
         await self._store.put("topics", updated.name, updated)
         self._topics[updated.name] = updated
         return updated
@@ -467,6 +477,8 @@ class PubSubCore:
             raise limits.too_large("request_size", request_bytes, limits.MAX_PUBLISH_REQUEST_BYTES)
         for message in messages:
             _check_message(message)
+        if topic.HasField("schema_settings"):
+            await self.schemas.stamp_messages(topic_name, topic.schema_settings, messages)
         return await self._append(topic_name, messages)
 
     async def _append(self, topic_name: str, messages: Any) -> list[str]:
@@ -494,6 +506,17 @@ class PubSubCore:
             if not state.deleted:
                 state.add(records)
         return ids
+
+    async def delete_schema(self, name: str) -> None:
+        """DeleteSchema: topics that named it keep validating against nothing (``_deleted-schema_``)."""
+        await self.schemas.delete(name)
+        for topic in list(self._topics.values()):
+            if topic.HasField("schema_settings") and topic.schema_settings.schema == name:
+                updated = Topic()
+                updated.CopyFrom(topic)
+                updated.schema_settings.schema = limits.DELETED_SCHEMA
+                await self._store.put("topics", updated.name, updated)
+                self._topics[updated.name] = updated
 
     # ----------------------------------------------------------------- subscriptions
     def _subscription(self, name: str) -> _SubscriptionState:
