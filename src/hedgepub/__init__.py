@@ -15,6 +15,7 @@ from hedgepub._exceptions import (
 )
 from hedgepub._publisher import AsyncPublisherClient, PublisherClient
 from hedgepub._settings import (
+    AdaptiveDelay,
     BatchSettings,
     FlowControlSettings,
     HedgingSettings,
@@ -28,6 +29,7 @@ from hedgepub._status import StatusCode
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
     "FlowControlLimitError",

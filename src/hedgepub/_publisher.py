@@ -33,16 +33,19 @@ from typing import Any, ClassVar
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
+from hedgepub._delay import AdaptiveDelayEstimator
 from hedgepub._engine import BatchOutcome, run_batch
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._flow_control import FlowController
 from hedgepub._futures import BatchFuture, resolve_batch
+from hedgepub._migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._settings import (
     MAX_REQUEST_BYTES,
     BatchSettings,
     FlowControlSettings,
     HedgingSettings,
     RetrySettings,
+    adaptive_delay_limit,
     check_hedging,
 )
 from hedgepub._stats import PublisherStats, StatsRecorder
@@ -98,6 +101,12 @@ def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
                 continue
             except UnicodeDecodeError:
                 pass
+        if name in ("retry", "timeout"):
+            raise TypeError(
+                f"publish(..., {name}=...) per message is the official client's argument; hedgepub sets it "
+                "for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
+                "publisher_options=...) to PublisherClient instead"
+            )
         raise TypeError(
             f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
             "All attributes published to Pub/Sub must be text strings."
@@ -152,6 +161,13 @@ class _PublisherCore:
         self.retry = retry_settings
         self.ordering = bool(enable_message_ordering)
         self.bucket = TokenBucket.from_settings(hedging_settings) if hedging_settings is not None else None
+        self.delay_source: AdaptiveDelayEstimator | None = None
+        if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
+            self.delay_source = AdaptiveDelayEstimator(
+                hedging_settings.adaptive_delay,
+                fallback=hedging_settings.hedge_delay,
+                limit=adaptive_delay_limit(retry_settings),
+            )
         self.clock = clock
         self.sync_futures = sync_futures
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
@@ -428,6 +444,7 @@ class _PublisherCore:
                 hedging=self.hedging,
                 bucket=self.bucket,
                 clock=self.clock,
+                delay_source=self.delay_source,
             )
         except asyncio.CancelledError:
             error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
@@ -525,7 +542,10 @@ class _PublisherCore:
 
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
-        return self.stats_recorder.snapshot(self.bucket.tokens if self.bucket is not None else 0.0)
+        if self.hedging is None:
+            return self.stats_recorder.snapshot(0.0)
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.stats_recorder.snapshot(self.bucket.tokens, delay)  # type: ignore[union-attr]
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
@@ -576,6 +596,16 @@ class _PublisherCore:
 _DEFAULT_BATCH = BatchSettings()
 _DEFAULT_RETRY = RetrySettings()
 _DEFAULT_FLOW = FlowControlSettings()
+#: What each constructor argument is when not given, so that official arguments can fill it (or clash).
+_FACADE_DEFAULTS: dict[str, Any] = {
+    "hedging_settings": None,
+    "batch_settings": _DEFAULT_BATCH,
+    "retry_settings": _DEFAULT_RETRY,
+    "flow_control": _DEFAULT_FLOW,
+    "enable_message_ordering": False,
+    "endpoint": None,
+    "credentials": None,
+}
 
 
 class _ClientFacade:
@@ -594,17 +624,42 @@ class _ClientFacade:
         endpoint: str | None = None,
         credentials: Any = None,
         *,
+        publisher_options: Any = None,
+        client_options: Any = None,
         transport: Transport | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        **official_keywords: Any,
     ) -> None:
+        arguments = {
+            "hedging_settings": hedging_settings,
+            "batch_settings": batch_settings,
+            "retry_settings": retry_settings,
+            "flow_control": flow_control,
+            "enable_message_ordering": enable_message_ordering,
+            "endpoint": endpoint,
+            "credentials": credentials,
+        }
+        if official_keywords:
+            refuse_official_keywords(official_keywords)
+        if isinstance(transport, str) or type(transport).__name__ == "PublisherGrpcTransport":
+            raise TypeError(
+                f"transport={transport!r} is the official client's GAPIC transport, which hedgepub does not "
+                "use: "
+                "drop it (hedgepub always speaks gRPC), or pass endpoint= / credentials="
+            )
+        if (
+            publisher_options is not None
+            or client_options is not None
+            or is_official_batch_settings(hedging_settings)
+            or type(batch_settings) is not BatchSettings
+        ):
+            arguments = translate(
+                {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
+            )
+        if arguments.pop("enable_open_telemetry", False):
+            raise ValueError("OpenTelemetry tracing is not available in this version of hedgepub")
         self._core = _PublisherCore(
-            hedging_settings=hedging_settings,
-            batch_settings=batch_settings,
-            retry_settings=retry_settings,
-            flow_control=flow_control,
-            enable_message_ordering=enable_message_ordering,
-            endpoint=endpoint,
-            credentials=credentials,
+            **arguments,
             transport=transport,
             clock=clock,
             sync_futures=self._sync_futures,
@@ -697,6 +752,13 @@ class PublisherClient(_ClientFacade):
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport` for TLS or plain text.
             Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
+        publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
+            (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
+        client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+
+    ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
+    ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what
+    maps and what is refused.
     """
 
     _sync_futures = True
@@ -740,6 +802,10 @@ class PublisherClient(_ClientFacade):
             self._runner.close(timeout)
         finally:
             self._finalizer.detach()
+
+    def stop(self) -> None:
+        """:meth:`shutdown` under the official client's name: flush, wait for every message, stop."""
+        self.shutdown()
 
     def __enter__(self) -> PublisherClient:
         return self

@@ -32,6 +32,8 @@ class PublisherStats:
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
         tokens_available: tokens in the hedging bucket now (0.0 when hedging is off).
+        hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
+            ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
         p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
             to the batch's resolution, over every batch sent (successful or not), in milliseconds.
     """
@@ -44,6 +46,7 @@ class PublisherStats:
     hedges_won: int = 0
     hedges_skipped: int = 0
     tokens_available: float = 0.0
+    hedge_delay_ms: float = 0.0
     p50_ms: float = 0.0
     p90_ms: float = 0.0
     p99_ms: float = 0.0
@@ -85,8 +88,8 @@ class StatsRecorder:
         with self._lock:
             self.messages_failed += messages
 
-    def snapshot(self, tokens_available: float) -> PublisherStats:
-        """The counters and percentiles now."""
+    def snapshot(self, tokens_available: float, hedge_delay: float = 0.0) -> PublisherStats:
+        """The counters and percentiles now, with the bucket's tokens and the hedge delay (seconds)."""
         with self._lock:
             histogram = self._histogram
             empty = histogram.get_total_count() == 0
@@ -103,6 +106,7 @@ class StatsRecorder:
                 hedges_won=self.hedges_won,
                 hedges_skipped=self.hedges_skipped,
                 tokens_available=tokens_available,
+                hedge_delay_ms=hedge_delay * 1000.0,
                 p50_ms=percentile(50),
                 p90_ms=percentile(90),
                 p99_ms=percentile(99),

@@ -177,8 +177,8 @@ def _rows(document: Mapping[str, Any]) -> Iterable[tuple[str, str, str, str]]:
         share = ratio(hedged[name], unhedged[name])
         yield (
             f"{label} latency (ms)",
-            _format_ms(unhedged[name]),
-            _format_ms(hedged[name]),
+            format_ms(unhedged[name]),
+            format_ms(hedged[name]),
             "" if share is None else f"{share:.2f}x",
         )
     yield (
@@ -197,8 +197,9 @@ def _rows(document: Mapping[str, Any]) -> Iterable[tuple[str, str, str, str]]:
         yield label, str(unhedged[key]), str(hedged[key]), ""
 
 
-def _format_ms(value: float | None) -> str:
-    if value is None:
+def format_ms(value: float | None) -> str:
+    """A latency in ms as the table, ``results.json`` readers and the plot show it: "4,006", "10.5", "-"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 

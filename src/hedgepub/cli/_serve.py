@@ -22,9 +22,11 @@ if TYPE_CHECKING:
 DEFAULT_DATA_DIR = ".hedgepub-data"
 
 _FAULT_HELP = (
-    "A fault rule, repeatable: METHOD:latency=P%:DURATION[,...] and/or METHOD:error=CODE:P%[,...], "
-    "joined by ';'. METHOD is a short name (Publish, StreamingPull, GetIamPolicy, ...), a full path or '*'. "
-    "Example: 'Publish:latency=95%:5ms,4%:300ms,1%:4s;error=UNAVAILABLE:2%'."
+    "A fault rule, repeatable: METHOD:latency=P%:DURATION[,...], METHOD:error=CODE:P%[,...] and/or "
+    "METHOD:stall=STALL/PERIOD[@PHASE] (every call arriving in a STALL-long window, one per PERIOD, waits "
+    "until it ends; the phase comes from --seed unless given), joined by ';'. METHOD is a short name "
+    "(Publish, StreamingPull, GetIamPolicy, ...), a full path or '*'. "
+    "Example: 'Publish:latency=95%:5ms,4%:300ms,1%:4s;error=UNAVAILABLE:2%' or 'Publish:stall=500ms/5s'."
 )
 
 
@@ -45,9 +47,12 @@ _FAULT_HELP = (
     "--faults-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help='Fault rules as JSON: {"Publish": {"latency": "95%:5ms,5%:300ms", "errors": {"UNAVAILABLE": 0.2}}}.',
+    help='Fault rules as JSON: {"Publish": {"latency": "95%:5ms,5%:300ms", "errors": {"UNAVAILABLE": 0.2}, '
+    '"stall": "500ms/5s"}}.',
 )
-@click.option("--seed", type=int, default=None, help="Seed of the fault draws, for repeatable runs.")
+@click.option(
+    "--seed", type=int, default=None, help="Seed of the fault draws and stall phases, for repeatable runs."
+)
 @click.option(
     "--iam",
     "iam_mode",
@@ -134,7 +139,8 @@ def serve(
     if counts.calls:
         click.echo(
             f"fault injection: {counts.calls} calls met a rule, "
-            f"{counts.delayed} delayed, {counts.failed} failed",
+            f"{counts.delayed} delayed, {counts.failed} failed"
+            + (f", {counts.stalled} stalled" if counts.stalled else ""),
             err=True,
         )
 

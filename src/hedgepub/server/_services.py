@@ -23,8 +23,9 @@ from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
-from hedgepub.server._core import PubSubCore, _page
+from hedgepub.server._core import PubSubCore
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
+from hedgepub.server._resources import page
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -237,7 +238,7 @@ class PubSubServicer:
 
     async def ListSchemas(self, request: Any, context: Any) -> Any:
         schemas = self.core.schemas
-        names, token = _page(schemas.names(request.parent), request.page_size, request.page_token)
+        names, token = page(schemas.names(request.parent), request.page_size, request.page_token)
         listed = schemas.listed(names, request.view)
         return _schema.ListSchemasResponse.pb()(schemas=listed, next_page_token=token)
 
@@ -245,9 +246,9 @@ class PubSubServicer:
         revisions = self.core.schemas.revisions(request.name, request.view)
         # Paged in creation order: a revision's create time (unique within its schema) is its page key.
         by_time = {_revision_key(revision): revision for revision in revisions}
-        keys, token = _page(list(by_time), request.page_size, request.page_token)
-        page = [by_time[key] for key in keys]
-        return _schema.ListSchemaRevisionsResponse.pb()(schemas=page, next_page_token=token)
+        keys, token = page(list(by_time), request.page_size, request.page_token)
+        shown = [by_time[key] for key in keys]
+        return _schema.ListSchemaRevisionsResponse.pb()(schemas=shown, next_page_token=token)
 
     async def CommitSchema(self, request: Any, context: Any) -> Any:
         return await self.core.schemas.commit(request.name, request.schema)
