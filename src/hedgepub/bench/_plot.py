@@ -1,4 +1,4 @@
-"""The bench's plot: the latency distribution of both publishers, with the tail made visible.
+"""The bench's plot: the latency distribution of every publisher, with the tail made visible.
 
 The y axis is the cumulative share of publishes on a logit scale, so 50%, 90%, 99% and 99.9% are evenly
 spaced and the tail, where hedging acts, gets as much room as the median. The x axis (latency) is
@@ -10,8 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-#: Colours per publisher name; other names get matplotlib's default cycle.
-_COLOURS = {"unhedged": "#d62728", "hedged": "#1f77b4"}
+#: Colours per publisher name; other names take the next of _OTHER_COLOURS (neither red nor green).
+_COLOURS = {"unhedged": "#d62728", "adaptive": "#2ca02c"}
+_OTHER_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+#: Vertical offsets (points) of the percentile labels, one per curve in turn, so that labels of curves
+#: passing close to each other do not print on top of each other.
+_LABEL_OFFSETS = (5, -12, 14, -21, 23, -30)
 _MARKED = ((50.0, "p50"), (90.0, "p90"), (99.0, "p99"), (99.9, "p99.9"))
 
 
@@ -44,6 +48,7 @@ def plot_latency_cdf(
     figure, axes = plt.subplots(figsize=(9, 5.5), dpi=110)
     try:
         highest_share = 0.999
+        others = iter(_OTHER_COLOURS * len(latencies_ms))
         for index, (name, values) in enumerate(latencies_ms.items()):
             ordered = sorted(values)
             count = len(ordered)
@@ -52,7 +57,7 @@ def plot_latency_cdf(
             # plotting positions (i + 0.5) / n stay inside (0, 1), where the logit scale is defined
             shares = [(rank + 0.5) / count for rank in range(count)]
             highest_share = max(highest_share, shares[-1])
-            colour = _COLOURS.get(name, f"C{index}")
+            colour = _COLOURS.get(name) or next(others)
             axes.step(ordered, shares, where="post", color=colour, linewidth=1.8, label=f"{name} ({count:,})")
             for percentile, label in _MARKED:
                 value = _percentile(ordered, percentile)
@@ -62,7 +67,7 @@ def plot_latency_cdf(
                     f"{label} {value:,.0f} ms" if value >= 10 else f"{label} {value:.1f} ms",
                     (value, share),
                     textcoords="offset points",
-                    xytext=(6, -12 if name == "hedged" else 5),
+                    xytext=(6, _LABEL_OFFSETS[index % len(_LABEL_OFFSETS)]),
                     fontsize=8,
                     color=colour,
                 )
