@@ -15,12 +15,14 @@ import pytest
 from rich.console import Console
 
 from hedgepub.bench import (
+    LABEL_GID,
     RESULT_KEYS,
     BenchConfig,
     LatencyRecorder,
     PublisherResult,
     arrival_times,
     build_table,
+    latency_cdf_figure,
     pair_orders,
     plot_latency_cdf,
     print_report,
@@ -28,6 +30,7 @@ from hedgepub.bench import (
     results_document,
     write_results_json,
 )
+from hedgepub.bench._report import format_ms
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -234,3 +237,94 @@ class TestConfig:
     def test_bad_settings_are_refused_naming_the_field(self, field: str, value: object, message: str) -> None:
         with pytest.raises(ValueError, match=message):
             BenchConfig(**{field: value})
+
+
+def _labels(figure) -> list:
+    """The texts of the plot's percentile table."""
+    from matplotlib.text import Text
+
+    return [text for text in figure.findobj(Text) if text.get_gid() == LABEL_GID]
+
+
+def _text_boxes(figure) -> list[tuple[str, object]]:
+    """(text, window extent) of every non-empty visible text the figure draws."""
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)  # lays out ticks and their labels as they are saved
+    axes = figure.axes[0]
+    drawn = [*axes.get_xticklabels(), *axes.get_yticklabels(), axes.xaxis.label, axes.yaxis.label]
+    legend = axes.get_legend()
+    if legend is not None:
+        drawn += legend.get_texts()
+    drawn += _labels(figure)
+    drawn += figure.texts
+    return [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in drawn
+        if text.get_visible() and text.get_text().strip()
+    ]
+
+
+#: Three latency shapes: the README's mix, a short run's two tiers, and three publishers that nearly tie.
+_PLOT_CASES = {
+    "go-mix": {
+        "unhedged": [seconds * 1000 for seconds in _mixed_latencies(2000, 1)],
+        "hedged": [min(seconds, 0.106) * 1000 for seconds in _mixed_latencies(2000, 2)],
+    },
+    "short-two-tier": {
+        "unhedged": [1.2 + (i % 7) / 10 if i % 10 else 1000.0 + i % 5 for i in range(500)],
+        "hedged": [1.2 + (i % 7) / 10 if i % 10 else 101.5 + i % 3 for i in range(500)],
+    },
+    "three-close": {
+        name: [5.0 + (i % 13) / 10 + shift if i % 50 else 300.0 + shift for i in range(1000)]
+        for name, shift in (("unhedged", 0.0), ("hedged", 0.1), ("adaptive", 0.2))
+    },
+}
+
+
+class TestPlotLabels:
+    @pytest.mark.parametrize("case", sorted(_PLOT_CASES))
+    def test_no_two_texts_overlap_and_no_curve_crosses_a_label(self, case: str) -> None:
+        import matplotlib.pyplot as plt
+
+        latencies = _PLOT_CASES[case]
+        subtitle = "injected on Publish: 90%:1ms,10%:1s; hedge delay 100 ms; 500 publishes each at 100/s"
+        figure = latency_cdf_figure(latencies, subtitle=subtitle)
+        try:
+            boxes = _text_boxes(figure)
+            assert len(boxes) >= 4 * len(latencies) + 4  # the values, the row labels, titles, ticks
+            for (first, a), (second, b) in itertools.combinations(boxes, 2):
+                assert not a.padded(1).overlaps(b), f"{first!r} overlaps {second!r}"
+            renderer = figure.canvas.get_renderer()
+            plot_area = figure.axes[0].get_window_extent(renderer)
+            labels = [
+                text for text in figure.findobj() if getattr(text, "get_gid", lambda: None)() == LABEL_GID
+            ]
+            for label in labels:  # the curves are clipped to the axes, so outside it none can cross a label
+                box = label.get_window_extent(renderer)
+                assert box.x0 > plot_area.x1, f"{label.get_text()!r} lies inside the axes"
+                assert box.x1 <= figure.bbox.x1 and box.y1 <= figure.bbox.y1, (
+                    f"{label.get_text()!r} is cut off"
+                )
+        finally:
+            plt.close(figure)
+
+    def test_the_labels_show_the_numbers_of_the_table_and_json(self) -> None:
+        import matplotlib.pyplot as plt
+
+        document = _document()
+        latencies = _PLOT_CASES["go-mix"]
+        figure = latency_cdf_figure(latencies, results=document["results"])
+        try:
+            shown = {
+                text.get_text()
+                for text in figure.findobj()
+                if getattr(text, "get_gid", lambda: None)() == LABEL_GID
+            }
+        finally:
+            plt.close(figure)
+        table = render_markdown(document)
+        for name in ("unhedged", "hedged"):
+            for key in ("p50_ms", "p90_ms", "p99_ms", "p999_ms"):
+                value = format_ms(document["results"][name][key])
+                assert f"{value} ms" in shown
+                assert f"| {value} |" in table or f"| {value} (" in table  # hedged cells: "106 (0.04x)"

@@ -193,10 +193,10 @@ def _rows(document: Mapping[str, Any]) -> Iterable[list[str]]:
         for publisher in names:
             value = results[publisher][name]
             share = None if publisher == UNHEDGED else ratio(value, unhedged[name])
-            row.append(_format_ms(value) + ("" if share is None else f" ({share:.2f}x)"))
+            row.append(format_ms(value) + ("" if share is None else f" ({share:.2f}x)"))
         yield row
     yield ["attempts per publish", *(_format_float(results[n]["attempts_per_publish"]) for n in names)]
-    yield ["hedge delay (ms)", *(_format_ms(results[n].get("hedge_delay_ms")) for n in names)]
+    yield ["hedge delay (ms)", *(format_ms(results[n].get("hedge_delay_ms")) for n in names)]
     for key, label in (
         ("hedges_sent", "hedges sent"),
         ("hedges_won", "hedges won"),
@@ -207,8 +207,9 @@ def _rows(document: Mapping[str, Any]) -> Iterable[list[str]]:
         yield [label, *(str(results[n][key]) for n in names)]
 
 
-def _format_ms(value: float | None) -> str:
-    if value is None:
+def format_ms(value: float | None) -> str:
+    """A latency in ms as the table, ``results.json`` readers and the plot show it: "4,006", "10.5", "-"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 

@@ -235,7 +235,9 @@ def bench(
         f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
         f"{config.messages:,} publishes each at {config.rate:g}/s"
     )
-    plot_path = plot_latency_cdf(run.latencies_ms, out_dir / "tail-latency.png", subtitle=subtitle)
+    plot_path = plot_latency_cdf(
+        run.latencies_ms, out_dir / "tail-latency.png", results=run.document["results"], subtitle=subtitle
+    )
     if run.max_schedule_lag_ms > 50:
         console.print(
             f"[yellow]note[/]: publishes started up to {run.max_schedule_lag_ms:,.0f} ms late "
