@@ -28,6 +28,7 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import PublisherStats
 from hedgepub._status import StatusCode
+from hedgepub.dedup import Deduplicator, DedupStats
 
 __version__ = "0.1.0"
 
@@ -35,6 +36,8 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "DedupStats",
+    "Deduplicator",
     "EndpointStats",
     "FlowControlLimitError",
     "FlowControlSettings",
