@@ -143,6 +143,7 @@ class _PublisherCore:
         transport: Transport | None,
         clock: Clock,
         sync_futures: bool,
+        root_certificates: bytes | None = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -175,6 +176,12 @@ class _PublisherCore:
         self._transport = transport
         self._target = None
         self._credentials = credentials
+        if root_certificates is not None and not isinstance(root_certificates, bytes):
+            raise TypeError(
+                "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
+                f"{type(root_certificates).__name__}"
+            )
+        self._root_certificates = root_certificates
         if transport is None:
             self._target = resolve_endpoint(endpoint, credentials=credentials)
             if self._target.secure and credentials is None:
@@ -224,7 +231,9 @@ class _PublisherCore:
         """The transport, opening the channel on first use (on the loop)."""
         if self._transport is None:
             assert self._target is not None
-            self._transport = GrpcTransport(create_channel(self._target, self._credentials))
+            self._transport = GrpcTransport(
+                create_channel(self._target, self._credentials, root_certificates=self._root_certificates)
+            )
         return self._transport
 
     # ---- the hot path: any thread --------------------------------------------------------------------
@@ -626,6 +635,7 @@ class _ClientFacade:
         *,
         publisher_options: Any = None,
         client_options: Any = None,
+        root_certificates: bytes | None = None,
         transport: Transport | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
@@ -663,6 +673,7 @@ class _ClientFacade:
             transport=transport,
             clock=clock,
             sync_futures=self._sync_futures,
+            root_certificates=root_certificates,
         )
         self._start()
 
@@ -755,6 +766,8 @@ class PublisherClient(_ClientFacade):
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+        root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
+            CA, or ``hedgepub serve --tls-cert``).
 
     ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
     ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what
