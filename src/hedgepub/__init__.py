@@ -3,6 +3,7 @@
 The whole public API is listed here; everything in a module whose name starts with ``_`` is private.
 """
 
+from hedgepub._endpoints import EndpointStats
 from hedgepub._exceptions import (
     FlowControlLimitError,
     HedgepubError,
@@ -25,6 +26,7 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import PublisherStats
 from hedgepub._status import StatusCode
+from hedgepub.dedup import Deduplicator, DedupStats
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,9 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "DedupStats",
+    "Deduplicator",
+    "EndpointStats",
     "FlowControlLimitError",
     "FlowControlSettings",
     "HedgepubError",

@@ -92,7 +92,8 @@ PB: dict[str, Any] = {
 PUBLISHER = "google.pubsub.v1.Publisher"
 SUBSCRIBER = "google.pubsub.v1.Subscriber"
 IAM = "google.iam.v1.IAMPolicy"
-#: Every method of the three services, by short name -> full path.
+SCHEMA = "google.pubsub.v1.SchemaService"
+#: Every method of the four services, by short name -> full path.
 METHODS: dict[str, str] = {
     method: f"/{service}/{method}"
     for service, methods in (
@@ -132,6 +133,21 @@ METHODS: dict[str, str] = {
             ),
         ),
         (IAM, ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions")),
+        (
+            SCHEMA,
+            (
+                "CreateSchema",
+                "GetSchema",
+                "ListSchemas",
+                "ListSchemaRevisions",
+                "CommitSchema",
+                "RollbackSchema",
+                "DeleteSchemaRevision",
+                "DeleteSchema",
+                "ValidateSchema",
+                "ValidateMessage",
+            ),
+        ),
     )
     for method in methods
 }
@@ -151,8 +167,8 @@ DOCUMENTED = frozenset(
     }
 )
 #: Further codes documented for some methods: snapshots, seek and push are not served by the local
-#: server (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions, filters and
-#: exactly-once delivery; SetIamPolicy answers ABORTED to a stale etag.
+#: server (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions and exactly-once
+#: delivery; SetIamPolicy answers ABORTED to a stale etag.
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{
         method: frozenset({grpc.StatusCode.UNIMPLEMENTED})

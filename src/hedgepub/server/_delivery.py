@@ -9,6 +9,8 @@ store. The core (:mod:`._core`) writes to the store and calls in here.
   expired by a timer on the clock, so a lease runs out even when nobody pulls.
 - With message ordering, only the oldest unacknowledged message of each ordering key is ever ready or
   leased; the next one of that key becomes ready when it is acknowledged.
+- With a retry policy, a message whose lease ended unacknowledged (nack or deadline) waits
+  :func:`retry_delay` before it is ready again ("backing off"); without one it is ready at once.
 - With a dead-letter policy, ``delivery_attempt`` is counted. When a message that has been delivered
   ``max_delivery_attempts`` times is nacked or its deadline passes, it is handed to the dead-letter hook
   (the core forwards it in the background) and is neither ready nor leased until that finishes.
@@ -27,6 +29,8 @@ from typing import Any
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._clock import Clock, TimerHandle
+from hedgepub.server._filters import compile_filter
+from hedgepub.server._limits import seconds
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
@@ -91,6 +95,27 @@ class Lease:
         self.consumer = consumer
         self.deadline = deadline
         self.active = True
+
+
+#: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
+#: (600 s over a minimum of 1 ns needs 2**40), and the float stays finite.
+_MAX_BACKOFF_DOUBLINGS = 64
+
+
+def retry_delay(policy: Any | None, attempts: int) -> float:
+    """Seconds a message waits before it is delivered again, after its ``attempts``-th delivery ended
+    unacknowledged: ``min(maximum_backoff, minimum_backoff * 2**(attempts - 1))``; 0 without a policy.
+
+    Exponential from the minimum, doubling per delivery and capped at the maximum: the first retry waits
+    the minimum, as the real service's documentation of the policy says, and a message that keeps
+    failing settles at the maximum.
+    """
+    if policy is None:
+        return 0.0
+    minimum = seconds(policy.minimum_backoff)
+    maximum = seconds(policy.maximum_backoff)
+    doublings = min(max(attempts - 1, 0), _MAX_BACKOFF_DOUBLINGS)
+    return min(maximum, minimum * 2.0**doublings)
 
 
 #: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
@@ -166,6 +191,8 @@ class SubscriptionState:
 
     def __init__(self, config: Any, leasing: Leasing) -> None:
         self.config = config
+        #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
+        self.matches = compile_filter(config.filter)
         self._leasing = leasing
         self.ready: deque[Pending] = deque()
         self.leases: dict[str, Lease] = {}
@@ -174,6 +201,8 @@ class SubscriptionState:
         self._waiters: set[asyncio.Future[None]] = set()
         #: messages on their way to the dead-letter topic: neither ready nor leased, not yet acknowledged.
         self.forwarding: set[Pending] = set()
+        #: messages waiting out their retry back-off, each with the timer that makes it ready again.
+        self.backing_off: dict[Pending, TimerHandle] = {}
         self.deleted = False
 
     @property
@@ -185,6 +214,12 @@ class SubscriptionState:
     def ordered(self) -> bool:
         """Whether message ordering is on."""
         return self.config.enable_message_ordering
+
+    @property
+    def retry_policy(self) -> Any | None:
+        """The retry policy, or ``None`` (redeliver at once)."""
+        config = self.config
+        return config.retry_policy if config.HasField("retry_policy") else None
 
     @property
     def dead_letter_policy(self) -> Any | None:
@@ -217,8 +252,22 @@ class SubscriptionState:
             self._waiters.discard(waiter)
         return True
 
-    def add(self, records: Sequence[tuple[int, Any]]) -> None:
-        """Append newly published (or reloaded) messages."""
+    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
+        """Append newly published (or reloaded) messages; return the sequences the filter refused.
+
+        The caller acknowledges those in the store: to the subscription they are acknowledged at publish
+        time, as the real service does, and never delivered.
+        """
+        refused: list[int] = []
+        if self.config.filter:
+            matches = self.matches
+            kept = []
+            for record in records:
+                if matches(record[1].attributes):
+                    kept.append(record)
+                else:
+                    refused.append(record[0])
+            records = kept
         if self.ordered:
             backlog = self.key_backlog
             for sequence, message in records:
@@ -233,7 +282,9 @@ class SubscriptionState:
                     self.ready.append(pending)
         else:
             self.ready.extend(Pending(sequence, message) for sequence, message in records)
-        self.notify()
+        if records:
+            self.notify()
+        return refused
 
     def finished(self, pending: Pending) -> None:
         """A message left the subscription for good: release the next one of its ordering key."""
@@ -251,9 +302,10 @@ class SubscriptionState:
             del self.key_backlog[key]
 
     def backlog_size(self) -> int:
-        """Messages not yet acknowledged: ready, leased, waiting behind their key, or being forwarded."""
+        """Messages not yet acknowledged: ready, leased, backing off, waiting behind their key, or being
+        forwarded."""
         waiting = sum(len(queue) for queue in self.key_backlog.values())
-        return len(self.ready) + len(self.leases) + len(self.forwarding) + waiting
+        return len(self.ready) + len(self.leases) + len(self.forwarding) + len(self.backing_off) + waiting
 
     # ------------------------------------------------------------- leasing
     def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
@@ -329,8 +381,19 @@ class SubscriptionState:
         if policy is not None and pending.attempts >= policy.max_delivery_attempts:
             self.forwarding.add(pending)
             self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+            return
+        delay = retry_delay(self.retry_policy, pending.attempts)
+        if delay > 0:
+            self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
         else:
             self.ready.appendleft(pending)
+
+    def _retry(self, pending: Pending) -> None:
+        """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""
+        if self.backing_off.pop(pending, None) is None or self.deleted:
+            return
+        self.ready.appendleft(pending)
+        self.notify()
 
     def modify(self, ack_ids: Iterable[str], seconds: int) -> None:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now."""
@@ -370,6 +433,10 @@ class SubscriptionState:
             dropped.append(lease.pending)
         for waiting in self.key_backlog.values():
             dropped.extend(waiting)
+        for pending, timer in self.backing_off.items():
+            timer.cancel()
+            dropped.append(pending)
+        self.backing_off.clear()
         self.ready.clear()
         self.leases.clear()
         self.key_backlog.clear()
@@ -378,6 +445,8 @@ class SubscriptionState:
     def close(self) -> None:
         """The subscription is gone (or the server stops): wake its consumers for good."""
         self.deleted = True
+        for timer in self.backing_off.values():
+            timer.cancel()
         self.notify()
 
 

@@ -15,6 +15,7 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server import _limits as limits
+from hedgepub.server._filters import compile_filter
 from hedgepub.server._limits import ServiceError, invalid, not_found
 
 Topic: Any = pubsub_types.Topic.pb()
@@ -49,11 +50,6 @@ SUBSCRIPTION_UPDATABLE = frozenset(
 )
 
 
-def seconds(duration: Any) -> float:
-    """A ``google.protobuf.Duration`` in seconds."""
-    return duration.seconds + duration.nanos / 1e9
-
-
 _Found = TypeVar("_Found")
 
 
@@ -65,20 +61,11 @@ def existing(table: dict[str, _Found], name: str) -> _Found:
     return found
 
 
-def _check_retention(resource: Any, maximum: float, maximum_words: str) -> None:
-    """A topic's or subscription's message_retention_duration: between 10 minutes and ``maximum``."""
-    value = seconds(resource.message_retention_duration)
-    if not limits.MIN_RETENTION_SECONDS <= value <= maximum:
-        raise invalid(
-            f"Invalid message_retention_duration given: {value:g}s. It must be between 10 minutes and "
-            f"{maximum_words}."
-        )
-
-
 def check_topic_fields(topic: Any) -> None:
     """The fields of a topic to create or update that the service checks."""
-    if topic.HasField("message_retention_duration"):
-        _check_retention(topic, limits.MAX_TOPIC_RETENTION_SECONDS, "31 days")
+    limits.check_retention(topic)
+    limits.check_labels(topic.labels)
+    limits.check_ingestion_settings(topic)
 
 
 def check_subscription_fields(config: Any) -> None:
@@ -87,11 +74,15 @@ def check_subscription_fields(config: Any) -> None:
         config.ack_deadline_seconds = limits.DEFAULT_ACK_DEADLINE_SECONDS
     limits.check_ack_deadline(config.ack_deadline_seconds, allow_zero=False)
     if config.HasField("message_retention_duration"):
-        _check_retention(config, limits.MAX_SUBSCRIPTION_RETENTION_SECONDS, "7 days")
+        limits.check_retention(config)
     else:
         config.message_retention_duration.CopyFrom(
             duration_pb2.Duration(seconds=limits.DEFAULT_RETENTION_SECONDS)
         )
+    limits.check_labels(config.labels)
+    limits.check_retry_policy(config)
+    limits.check_expiration_policy(config)
+    compile_filter(config.filter)  # INVALID_ARGUMENT, saying where, for one that does not parse
     if config.push_config.push_endpoint:
         raise ServiceError(StatusCode.UNIMPLEMENTED, "Push subscriptions are not supported by this server.")
     for kind in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
@@ -99,8 +90,6 @@ def check_subscription_fields(config: Any) -> None:
             raise ServiceError(
                 StatusCode.UNIMPLEMENTED, f"{kind} subscriptions are not supported by this server."
             )
-    if config.filter:
-        raise ServiceError(StatusCode.UNIMPLEMENTED, "Subscription filters are not supported by this server.")
     if config.enable_exactly_once_delivery:
         raise ServiceError(StatusCode.UNIMPLEMENTED, "Exactly-once delivery is not supported by this server.")
     if config.HasField("dead_letter_policy") and config.dead_letter_policy.dead_letter_topic:
@@ -144,8 +133,7 @@ def check_message(message: Any) -> None:
             value_size = len(value.encode())
             if value_size > limits.MAX_ATTRIBUTE_VALUE_BYTES:
                 raise limits.too_large("attribute_value_size", value_size, limits.MAX_ATTRIBUTE_VALUE_BYTES)
-            if key.startswith("goog"):
-                raise invalid(f"Attribute keys must not start with 'goog' (key={key}).")
+            limits.check_attribute_key(key)
     key = message.ordering_key
     if key:
         key_size = len(key.encode())
