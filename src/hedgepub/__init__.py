@@ -3,6 +3,7 @@
 The whole public API is listed here; everything in a module whose name starts with ``_`` is private.
 """
 
+from hedgepub._endpoints import EndpointStats
 from hedgepub._exceptions import (
     FlowControlLimitError,
     HedgepubError,
@@ -32,6 +33,7 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "EndpointStats",
     "FlowControlLimitError",
     "FlowControlSettings",
     "HedgepubError",

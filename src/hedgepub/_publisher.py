@@ -28,12 +28,14 @@ import threading
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
 from hedgepub._delay import AdaptiveDelayEstimator
+from hedgepub._endpoints import EndpointRoutes, check_hedge_endpoints
 from hedgepub._engine import BatchOutcome, run_batch
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._flow_control import FlowController
@@ -50,6 +52,7 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import PublisherStats, StatsRecorder
 from hedgepub._transport import (
+    ChannelTarget,
     GrpcTransport,
     PubsubMessagePb,
     Transport,
@@ -143,6 +146,8 @@ class _PublisherCore:
         transport: Transport | None,
         clock: Clock,
         sync_futures: bool,
+        hedge_endpoints: Sequence[str] | None = None,
+        hedge_transports: Sequence[Transport] | None = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -172,18 +177,13 @@ class _PublisherCore:
         self.sync_futures = sync_futures
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
         self.stats_recorder = StatsRecorder()
-        self._transport = transport
-        self._target = None
         self._credentials = credentials
-        if transport is None:
-            self._target = resolve_endpoint(endpoint, credentials=credentials)
-            if self._target.secure and credentials is None:
-                # Find Application Default Credentials now, so that a missing setup fails at construction.
-                import google.auth
-
-                from hedgepub._transport import SCOPES
-
-                self._credentials, _project = google.auth.default(scopes=SCOPES)
+        self.routes = self._routes(
+            endpoint,
+            transport,
+            check_hedge_endpoints(hedge_endpoints, hedging_settings is not None),
+            hedge_transports,
+        )
         self._max_messages = batch_settings.max_messages
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
         self._max_latency = batch_settings.max_latency
@@ -220,12 +220,51 @@ class _PublisherCore:
             raise RuntimeError("an AsyncPublisherClient must be used from the event loop it started on")
         return loop
 
+    def _routes(
+        self,
+        endpoint: str | None,
+        transport: Transport | None,
+        hedge_endpoints: tuple[str, ...],
+        hedge_transports: Sequence[Transport] | None,
+    ) -> EndpointRoutes:
+        """The primary endpoint, then the hedge endpoints, each connected on first use.
+
+        ``transport`` and ``hedge_transports`` are ready-made transports (tests), labelled ``primary``
+        and ``hedge-endpoint-N``; endpoints given by name are labelled with their ``host:port``.
+        """
+        if hedge_transports is not None and hedge_endpoints:
+            raise ValueError("pass hedge_endpoints or hedge_transports, not both")
+        if hedge_transports and self.hedging is None:
+            raise ValueError("hedge_transports needs hedging: pass hedging_settings=HedgingSettings(...)")
+        primary = None if transport is not None else resolve_endpoint(endpoint, credentials=self._credentials)
+        targets = [resolve_endpoint(name, credentials=self._credentials) for name in hedge_endpoints]
+        if self._credentials is None and any(target.secure for target in (primary, *targets) if target):
+            # Find Application Default Credentials now, so that a missing setup fails at construction.
+            import google.auth
+
+            from hedgepub._transport import SCOPES
+
+            self._credentials, _project = google.auth.default(scopes=SCOPES)
+
+        def connect(target: ChannelTarget) -> Callable[[], Transport]:
+            return lambda: GrpcTransport(create_channel(target, self._credentials))
+
+        def ready(made: Transport) -> Callable[[], Transport]:
+            return lambda: made
+
+        labels = ["primary" if primary is None else primary.target]
+        connects = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
+        for number, made in enumerate(hedge_transports or (), start=1):
+            labels.append(f"hedge-endpoint-{number}")
+            connects.append(ready(made))
+        for target in targets:
+            labels.append(target.target)
+            connects.append(connect(target))
+        return EndpointRoutes(labels, connects)
+
     def transport(self) -> Transport:
-        """The transport, opening the channel on first use (on the loop)."""
-        if self._transport is None:
-            assert self._target is not None
-            self._transport = GrpcTransport(create_channel(self._target, self._credentials))
-        return self._transport
+        """The primary endpoint's transport, opening the channel on first use (on the loop)."""
+        return self.routes.transport(0)
 
     # ---- the hot path: any thread --------------------------------------------------------------------
 
@@ -423,8 +462,10 @@ class _PublisherCore:
         # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
         sent = {"attempts": 0, "hedges": 0}
         started = self.clock.now()
+        routes = self.routes
+        clock = self.clock
         try:
-            transport = self.transport()
+            routes.transport(0)  # the primary's channel opens before the first attempt, as it always did
             request = batch.request
             topic = batch.topic
             batch_id = batch.batch_id
@@ -433,9 +474,20 @@ class _PublisherCore:
                 sent["attempts"] += 1
                 if attempt_number:
                     sent["hedges"] += 1
-                return await transport.publish(
-                    request, request_metadata(topic, batch_id, attempt_number), timeout
-                )
+                # The engine says when; the attempt number says where (see hedgepub._endpoints).
+                index = routes.index_for(attempt_number)
+                recorder = routes.recorder(index)
+                recorder.sent(attempt_number > 0)
+                sent_at = clock.now()
+                try:
+                    ids = await routes.transport(index).publish(
+                        request, request_metadata(topic, batch_id, attempt_number), timeout
+                    )
+                except Exception:  # not CancelledError: a loser cancelled by the engine did not fail
+                    recorder.failed()
+                    raise
+                recorder.answered(clock.now() - sent_at)
+                return ids
 
             outcome = await run_batch(
                 attempt,
@@ -469,6 +521,7 @@ class _PublisherCore:
             return
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
+            routes.record_win(outcome.winner_attempt)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
@@ -542,10 +595,11 @@ class _PublisherCore:
 
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
+        endpoints = self.routes.snapshot()
         if self.hedging is None:
-            return self.stats_recorder.snapshot(0.0)
+            return self.stats_recorder.snapshot(0.0, endpoints=endpoints)
         delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
-        return self.stats_recorder.snapshot(self.bucket.tokens, delay)  # type: ignore[union-attr]
+        return self.stats_recorder.snapshot(self.bucket.tokens, delay, endpoints=endpoints)  # type: ignore[union-attr]
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
@@ -589,8 +643,7 @@ class _PublisherCore:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             self.state = ClientState.CLOSED
-            if self._transport is not None:
-                await self._transport.close()
+            await self.routes.close()
 
 
 _DEFAULT_BATCH = BatchSettings()
@@ -624,9 +677,11 @@ class _ClientFacade:
         endpoint: str | None = None,
         credentials: Any = None,
         *,
+        hedge_endpoints: Sequence[str] | None = None,
         publisher_options: Any = None,
         client_options: Any = None,
         transport: Transport | None = None,
+        hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
@@ -663,6 +718,8 @@ class _ClientFacade:
             transport=transport,
             clock=clock,
             sync_futures=self._sync_futures,
+            hedge_endpoints=hedge_endpoints,
+            hedge_transports=hedge_transports,
         )
         self._start()
 
@@ -752,6 +809,12 @@ class PublisherClient(_ClientFacade):
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport` for TLS or plain text.
             Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
+        hedge_endpoints: other endpoints of the same service (``"europe-west1-pubsub.googleapis.com"``)
+            that hedges go to, in turn, instead of the primary; originals and retries stay on the
+            primary, and every endpoint shares the credentials and the token bucket. Needs
+            ``hedging_settings``. An unreachable one fails only the hedges sent there. See
+            :mod:`hedgepub._endpoints`.
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).

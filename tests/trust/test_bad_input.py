@@ -92,7 +92,8 @@ PB: dict[str, Any] = {
 PUBLISHER = "google.pubsub.v1.Publisher"
 SUBSCRIBER = "google.pubsub.v1.Subscriber"
 IAM = "google.iam.v1.IAMPolicy"
-#: Every method of the three services, by short name -> full path.
+SCHEMA = "google.pubsub.v1.SchemaService"
+#: Every method of the four services, by short name -> full path.
 METHODS: dict[str, str] = {
     method: f"/{service}/{method}"
     for service, methods in (
@@ -132,6 +133,21 @@ METHODS: dict[str, str] = {
             ),
         ),
         (IAM, ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions")),
+        (
+            SCHEMA,
+            (
+                "CreateSchema",
+                "GetSchema",
+                "ListSchemas",
+                "ListSchemaRevisions",
+                "CommitSchema",
+                "RollbackSchema",
+                "DeleteSchemaRevision",
+                "DeleteSchema",
+                "ValidateSchema",
+                "ValidateMessage",
+            ),
+        ),
     )
     for method in methods
 }

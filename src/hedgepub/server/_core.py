@@ -36,6 +36,7 @@ from hedgepub.server._delivery import (
     dead_letter_copy,
 )
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
 
 logger = logging.getLogger("hedgepub.server")
@@ -68,6 +69,8 @@ class PubSubCore:
         self._next_sequence = 1
         self._leasing = Leasing(clock, self._dead_letter)
         self._background: set[asyncio.Task[Any]] = set()
+        #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
+        self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -75,6 +78,7 @@ class PubSubCore:
         snapshot = snapshot if snapshot is not None else self._store.load()
         self._topics = dict(snapshot.topics)
         self._policies = dict(snapshot.policies)
+        self.schemas.load(snapshot.schemas)
         self._next_sequence = snapshot.next_sequence
         self._subscriptions = {}
         self._attached = {}
@@ -108,6 +112,7 @@ class PubSubCore:
         self._subscriptions.clear()
         self._attached.clear()
         self._policies.clear()
+        self.schemas.clear()
         self._leasing.clear()
         await self._store.clear()
 
@@ -134,6 +139,8 @@ class PubSubCore:
         if name in self._topics:
             raise limits.already_exists(name)
         resources.check_topic_fields(request)
+        if request.HasField("schema_settings"):
+            self.schemas.check_settings(request.schema_settings)
         topic = resources.copy_with(request, state=0)
         await self._store.put("topics", name, topic)
         if name in self._topics:  # created concurrently while we waited for the store
@@ -153,6 +160,8 @@ class PubSubCore:
         current = self._topic(update.name)
         updated = resources.masked_update("Topic", current, update, paths, resources.TOPIC_UPDATABLE)
         resources.check_topic_fields(updated)
+        if updated.HasField("schema_settings") and updated.schema_settings != current.schema_settings:
+            self.schemas.check_settings(updated.schema_settings)
         await self._store.put("topics", updated.name, updated)
         self._topics[updated.name] = updated
         return updated
@@ -197,6 +206,9 @@ class PubSubCore:
         if topic_name not in self._topics:
             self._topic(topic_name)  # raises INVALID_ARGUMENT or NOT_FOUND
         resources.check_publish(messages, request_bytes)
+        topic = self._topics[topic_name]
+        if topic.HasField("schema_settings"):
+            await self.schemas.stamp_messages(topic_name, topic.schema_settings, messages)
         return await self._append(topic_name, messages)
 
     async def _append(self, topic_name: str, messages: Any) -> list[str]:
@@ -226,6 +238,16 @@ class PubSubCore:
                 if refused:
                     await self._store.ack(state.name, refused)
         return ids
+
+    async def delete_schema(self, name: str) -> None:
+        """DeleteSchema: topics that named it keep validating against nothing (``_deleted-schema_``)."""
+        await self.schemas.delete(name)
+        for topic in list(self._topics.values()):
+            if topic.HasField("schema_settings") and topic.schema_settings.schema == name:
+                updated = resources.copy_with(topic)
+                updated.schema_settings.schema = limits.DELETED_SCHEMA
+                await self._store.put("topics", updated.name, updated)
+                self._topics[updated.name] = updated
 
     # ----------------------------------------------------------------- subscriptions
     def _subscription(self, name: str) -> SubscriptionState:

@@ -67,7 +67,23 @@ PROJECT_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.topics.list",
     }
 )
-ALL_PERMISSIONS: frozenset[str] = TOPIC_PERMISSIONS | SUBSCRIPTION_PERMISSIONS | PROJECT_PERMISSIONS
+#: Permissions on schemas (granted through the project's policy: schemas carry no policy of their own here).
+SCHEMA_PERMISSIONS: frozenset[str] = frozenset(
+    {
+        "pubsub.schemas.attach",
+        "pubsub.schemas.commit",
+        "pubsub.schemas.create",
+        "pubsub.schemas.delete",
+        "pubsub.schemas.get",
+        "pubsub.schemas.list",
+        "pubsub.schemas.listRevisions",
+        "pubsub.schemas.rollback",
+        "pubsub.schemas.validate",
+    }
+)
+ALL_PERMISSIONS: frozenset[str] = (
+    TOPIC_PERMISSIONS | SUBSCRIPTION_PERMISSIONS | PROJECT_PERMISSIONS | SCHEMA_PERMISSIONS
+)
 
 _VIEW = frozenset(
     {
@@ -75,15 +91,18 @@ _VIEW = frozenset(
         "pubsub.subscriptions.list",
         "pubsub.topics.get",
         "pubsub.topics.list",
+        "pubsub.schemas.get",
+        "pubsub.schemas.list",
+        "pubsub.schemas.listRevisions",
     }
 )
 _GET_POLICY = frozenset({"pubsub.subscriptions.getIamPolicy", "pubsub.topics.getIamPolicy"})
 _SET_POLICY = frozenset({"pubsub.subscriptions.setIamPolicy", "pubsub.topics.setIamPolicy"})
 _EDIT = ALL_PERMISSIONS - _GET_POLICY - _SET_POLICY
 
-#: The real roles, restricted to the permissions on topics and subscriptions this server knows. The Pub/Sub
-#: editor manages and uses resources but cannot read or change their policies; the basic editor can read
-#: them; the basic viewer sees configurations and policies but cannot publish or consume.
+#: The real roles, restricted to the permissions on topics, subscriptions and schemas this server knows.
+#: The Pub/Sub editor manages and uses resources but cannot read or change their policies; the basic editor
+#: can read them; the basic viewer sees configurations and policies but cannot publish or consume.
 ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     "roles/pubsub.publisher": frozenset({"pubsub.topics.publish"}),
     "roles/pubsub.subscriber": frozenset(
@@ -157,6 +176,16 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     "GetIamPolicy": (Check("getIamPolicy", "resource"),),
     "SetIamPolicy": (Check("setIamPolicy", "resource"),),
     "TestIamPermissions": (),
+    "CreateSchema": (Check("pubsub.schemas.create", "parent"),),
+    "GetSchema": (Check("pubsub.schemas.get", "name"),),
+    "ListSchemas": (Check("pubsub.schemas.list", "parent"),),
+    "ListSchemaRevisions": (Check("pubsub.schemas.listRevisions", "name"),),
+    "CommitSchema": (Check("pubsub.schemas.commit", "name"),),
+    "RollbackSchema": (Check("pubsub.schemas.rollback", "name"),),
+    "DeleteSchemaRevision": (Check("pubsub.schemas.delete", "name"),),
+    "DeleteSchema": (Check("pubsub.schemas.delete", "name"),),
+    "ValidateSchema": (Check("pubsub.schemas.validate", "parent"),),
+    "ValidateMessage": (Check("pubsub.schemas.validate", "parent"),),
 }
 
 Metadata = Sequence[tuple[str, "str | bytes"]]
@@ -335,15 +364,18 @@ def _denied() -> ServiceError:
 
 
 def _project_of(resource: str) -> str:
-    """``projects/p`` of a project, topic or subscription name; INVALID_ARGUMENT if it is none of them."""
+    """``projects/p`` of a project, topic, subscription or schema (revision) name; else INVALID_ARGUMENT."""
     parts = resource.split("/")
     if len(parts) == 2:
         check_project(resource)
     elif len(parts) == 4 and parts[2] in ("topics", "subscriptions"):
         check_name(resource, parts[2])
+    elif len(parts) == 4 and parts[2] == "schemas":
+        check_name(resource.partition("@")[0], "schemas")
     else:
         raise invalid(
-            f"Invalid resource name given (name={resource}). Expected a project, topic or subscription."
+            f"Invalid resource name given (name={resource}). Expected a project, topic, subscription or "
+            "schema."
         )
     return "/".join(parts[:2])
 

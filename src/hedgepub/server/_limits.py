@@ -53,6 +53,11 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 #: Name a subscription's topic takes after the topic is deleted.
 DELETED_TOPIC = "_deleted-topic_"
+#: Name a topic's schema_settings.schema takes after the schema is deleted.
+DELETED_SCHEMA = "_deleted-schema_"
+#: Largest schema definition, in bytes, and most revisions one schema keeps.
+MAX_SCHEMA_DEFINITION_BYTES = 300_000
+MAX_SCHEMA_REVISIONS = 20
 
 _RESOURCE_ID = re.compile(r"[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}")
 _PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_.:]{0,127}")
@@ -134,7 +139,7 @@ def check_project(name: str) -> str:
 
 
 def check_name(name: str, collection: str) -> str:
-    """Check ``projects/{project}/{collection}/{id}`` (collection ``topics`` or ``subscriptions``)."""
+    """Check ``projects/{project}/{collection}/{id}`` (collection ``topics``, ``subscriptions``, ...)."""
     parts = name.split("/")
     if (
         len(parts) != 4

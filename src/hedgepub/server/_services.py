@@ -19,23 +19,27 @@ from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.protobuf import any_pb2, empty_pb2
 from google.protobuf.message import DecodeError
 from google.pubsub_v1.types import pubsub as pubsub_types
+from google.pubsub_v1.types import schema as schema_types
 from google.rpc import status_pb2
 
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
+from hedgepub.server._resources import page
 
 logger = logging.getLogger("hedgepub.server")
 
 PUBLISHER_SERVICE = "google.pubsub.v1.Publisher"
 SUBSCRIBER_SERVICE = "google.pubsub.v1.Subscriber"
 IAM_SERVICE = "google.iam.v1.IAMPolicy"
+SCHEMA_SERVICE = "google.pubsub.v1.SchemaService"
 
 #: How long a Pull without ``return_immediately`` waits for a first message before answering empty.
 PULL_WAIT_SECONDS = 5.0
 
 _pb = pubsub_types
+_schema = schema_types
 _Empty = empty_pb2.Empty
 _MALFORMED = object()
 
@@ -228,6 +232,48 @@ class PubSubServicer:
             core.close_consumer(subscription, consumer)
             reader.cancel()
 
+    # ------------------------------------------------------------ SchemaService
+    async def CreateSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.create(request.parent, request.schema_id, request.schema)
+
+    async def GetSchema(self, request: Any, context: Any) -> Any:
+        return self.core.schemas.get(request.name, request.view)
+
+    async def ListSchemas(self, request: Any, context: Any) -> Any:
+        schemas = self.core.schemas
+        names, token = page(schemas.names(request.parent), request.page_size, request.page_token)
+        listed = schemas.listed(names, request.view)
+        return _schema.ListSchemasResponse.pb()(schemas=listed, next_page_token=token)
+
+    async def ListSchemaRevisions(self, request: Any, context: Any) -> Any:
+        revisions = self.core.schemas.revisions(request.name, request.view)
+        # Paged in creation order: a revision's create time (unique within its schema) is its page key.
+        by_time = {_revision_key(revision): revision for revision in revisions}
+        keys, token = page(list(by_time), request.page_size, request.page_token)
+        shown = [by_time[key] for key in keys]
+        return _schema.ListSchemaRevisionsResponse.pb()(schemas=shown, next_page_token=token)
+
+    async def CommitSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.commit(request.name, request.schema)
+
+    async def RollbackSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.rollback(request.name, request.revision_id)
+
+    async def DeleteSchemaRevision(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.delete_revision(request.name, request.revision_id)
+
+    async def DeleteSchema(self, request: Any, context: Any) -> Any:
+        await self.core.delete_schema(request.name)
+        return _Empty()
+
+    async def ValidateSchema(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_schema(request.parent, request.schema)
+        return _schema.ValidateSchemaResponse.pb()()
+
+    async def ValidateMessage(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_message(request)
+        return _schema.ValidateMessageResponse.pb()()
+
     # ------------------------------------------------------------ IAMPolicy
     async def GetIamPolicy(self, request: Any, context: Any) -> Any:
         return self.core.get_policy(request.resource)
@@ -247,6 +293,11 @@ class PubSubServicer:
 
 _PublishResponse: Any = _pb.PublishResponse.pb()
 _SubscriptionProperties: Any = _pb.StreamingPullResponse.SubscriptionProperties.pb()
+
+
+def _revision_key(revision: Any) -> str:
+    stamp = revision.revision_create_time
+    return f"{stamp.seconds:012d}.{stamp.nanos:09d}"
 
 
 def _paged(
@@ -340,6 +391,46 @@ _METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
         _pb.StreamingPullRequest.pb(),
         _pb.StreamingPullResponse.pb(),
         True,
+    ),
+    (SCHEMA_SERVICE, "CreateSchema", _schema.CreateSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "GetSchema", _schema.GetSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemas",
+        _schema.ListSchemasRequest.pb(),
+        _schema.ListSchemasResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemaRevisions",
+        _schema.ListSchemaRevisionsRequest.pb(),
+        _schema.ListSchemaRevisionsResponse.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "CommitSchema", _schema.CommitSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "RollbackSchema", _schema.RollbackSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "DeleteSchemaRevision",
+        _schema.DeleteSchemaRevisionRequest.pb(),
+        _schema.Schema.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "DeleteSchema", _schema.DeleteSchemaRequest.pb(), _Empty, False),
+    (
+        SCHEMA_SERVICE,
+        "ValidateSchema",
+        _schema.ValidateSchemaRequest.pb(),
+        _schema.ValidateSchemaResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ValidateMessage",
+        _schema.ValidateMessageRequest.pb(),
+        _schema.ValidateMessageResponse.pb(),
+        False,
     ),
     (IAM_SERVICE, "SetIamPolicy", iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
     (IAM_SERVICE, "GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),

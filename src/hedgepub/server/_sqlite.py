@@ -25,6 +25,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (sequence INTEGER PRIMARY KEY, topic TEXT NOT NULL, body BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS messages_by_topic ON messages (topic, sequence);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -34,7 +35,7 @@ CREATE TABLE IF NOT EXISTS pending (
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
 """
-_TABLES = ("topics", "subscriptions", "policies")
+_TABLES = ("topics", "subscriptions", "policies", "schemas")
 #: Most operations folded into one transaction, so one commit never grows without bound.
 _MAX_GROUP = 512
 
@@ -73,7 +74,9 @@ class SqliteStore:
         snapshot = Snapshot()
         connection = self._reader
         for table, target in zip(
-            _TABLES, (snapshot.topics, snapshot.subscriptions, snapshot.policies), strict=True
+            _TABLES,
+            (snapshot.topics, snapshot.subscriptions, snapshot.policies, snapshot.schemas),
+            strict=True,
         ):
             message_class = resource_class(table)  # type: ignore[arg-type]
             for name, body in connection.execute(f"SELECT name, body FROM {table}"):

@@ -18,15 +18,22 @@ from typing import Any, Literal, Protocol
 
 from google.iam.v1 import policy_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
+from google.pubsub_v1.types import schema as schema_types
 
 Topic: Any = pubsub_types.Topic.pb()
 Subscription: Any = pubsub_types.Subscription.pb()
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 Policy: Any = policy_pb2.Policy
+Schema: Any = schema_types.Schema.pb()
 
-#: Which table a resource lives in.
-ResourceKind = Literal["topics", "subscriptions", "policies"]
-_RESOURCE_CLASSES: dict[str, Any] = {"topics": Topic, "subscriptions": Subscription, "policies": Policy}
+#: Which table a resource lives in (schemas: one record per revision, named ``{schema}@{revision_id}``).
+ResourceKind = Literal["topics", "subscriptions", "policies", "schemas"]
+_RESOURCE_CLASSES: dict[str, Any] = {
+    "topics": Topic,
+    "subscriptions": Subscription,
+    "policies": Policy,
+    "schemas": Schema,
+}
 
 
 def resource_class(kind: ResourceKind) -> Any:
@@ -65,6 +72,8 @@ class Snapshot:
     topics: dict[str, Any] = field(default_factory=dict)
     subscriptions: dict[str, Any] = field(default_factory=dict)
     policies: dict[str, Any] = field(default_factory=dict)
+    #: ``{schema}@{revision_id}`` -> that revision (a ``Schema``).
+    schemas: dict[str, Any] = field(default_factory=dict)
     #: subscription name -> its unacknowledged messages as (sequence, PubsubMessage), in sequence order.
     pending: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
     #: the sequence number the next published message gets.
@@ -78,7 +87,7 @@ class Store(Protocol):
         """Read back everything stored (called once, before serving)."""
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
-        """Create or replace a topic, subscription or IAM policy."""
+        """Create or replace a topic, subscription, IAM policy or schema revision."""
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
         """Delete a resource; deleting a subscription also forgets its unacknowledged messages."""
@@ -118,6 +127,7 @@ class MemoryStore:
             ("topics", snapshot.topics),
             ("subscriptions", snapshot.subscriptions),
             ("policies", snapshot.policies),
+            ("schemas", snapshot.schemas),
         ):
             for name, body in self._resources[kind].items():
                 target[name] = _copy(body)
