@@ -26,6 +26,7 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import PublisherStats
 from hedgepub._status import StatusCode
+from hedgepub.dedup import Deduplicator, DedupStats
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,8 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "DedupStats",
+    "Deduplicator",
     "EndpointStats",
     "FlowControlLimitError",
     "FlowControlSettings",

@@ -91,6 +91,26 @@ def topic_path(project: str, topic: str) -> str:
     return f"projects/{project}/topics/{topic}"
 
 
+def _idempotency_attribute(value: object) -> str | None:
+    """The attribute name to stamp keys in: ``True`` for the default, a name, or ``None`` (off)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
+
+        return IDEMPOTENCY_ATTRIBUTE
+    if not isinstance(value, str):
+        raise TypeError(
+            f"idempotency_attribute must be True, False or an attribute name; got {type(value).__name__}"
+        )
+    if not value or len(value.encode("utf-8")) > 256 or value.startswith("goog"):
+        raise ValueError(
+            f"idempotency_attribute {value!r} is not a usable attribute key: 1 to 256 bytes, "
+            "not starting with 'goog'"
+        )
+    return value
+
+
 def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does."""
     for name, value in attributes.items():
@@ -148,6 +168,7 @@ class _PublisherCore:
         sync_futures: bool,
         hedge_endpoints: Sequence[str] | None = None,
         hedge_transports: Sequence[Transport] | None = None,
+        idempotency_attribute: bool | str = False,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -201,6 +222,10 @@ class _PublisherCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._id_prefix = uuid.uuid4().hex[:16]
+        self.idempotency_attribute = _idempotency_attribute(idempotency_attribute)
+        # 128 random bits per publisher, then a count: unique across publishers and processes.
+        self._key_prefix = uuid.uuid4().hex
+        self._message_keys = itertools.count()
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
 
@@ -289,6 +314,11 @@ class _PublisherCore:
                     "ordering_key given but message ordering is not enabled: construct the publisher "
                     "with enable_message_ordering=True"
                 )
+        stamp = self.idempotency_attribute
+        if stamp is not None and stamp not in attributes:
+            # Stamped once, into the request every attempt sends: hedges and retries carry the same key.
+            # A key the caller set is kept, so an application that republishes keeps its key too.
+            attributes[stamp] = f"{self._key_prefix}-{next(self._message_keys)}"
         if attributes or ordering_key:
             message = PubsubMessagePb(
                 data=data, attributes=_check_attributes(attributes), ordering_key=ordering_key
@@ -678,6 +708,7 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
         transport: Transport | None = None,
@@ -720,6 +751,7 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            idempotency_attribute=idempotency_attribute,
         )
         self._start()
 
@@ -814,6 +846,10 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._endpoints`.
+        idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
+            ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
+            retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
+            A value the caller sets for that attribute is kept. Off by default.
         transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.

@@ -8,9 +8,10 @@ times slower); :class:`ScriptedTransport` answers from a script, for unit tests 
 
 Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 
-1. an explicit ``endpoint`` wins. ``"https://host[:port]"`` means TLS, ``"http://host:port"`` means
-   plain text; a bare ``"host:port"`` means TLS when the port is 443 or ``credentials`` were given, plain
-   text otherwise (emulators and local servers listen on other ports);
+1. an explicit ``endpoint`` wins (:func:`parse_endpoint`, which the CLI uses too). ``"https://host[:port]"``
+   means TLS, ``"http://host:port"`` means plain text; a bare ``"host:port"`` means TLS when the port is
+   443 or ``credentials`` were given, plain text otherwise (emulators and local servers listen on other
+   ports); a malformed endpoint is a ``ValueError``;
 2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
@@ -120,33 +121,74 @@ class ChannelTarget:
     secure: bool
 
 
+#: The endpoint forms :func:`parse_endpoint` accepts, for error messages.
+ENDPOINT_FORMS = "HOST:PORT, http://HOST:PORT (plain text) or https://HOST[:PORT] (TLS)"
+
+
+def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> ChannelTarget:
+    """The channel target an explicit endpoint names; the one parser for the client and the CLI.
+
+    ``"https://host[:port]"`` means TLS (port 443 by default), ``"http://host[:port]"`` plain text (port 80
+    by default), and a bare ``"host:port"`` TLS when the port is 443 or ``credentials`` were given, plain
+    text otherwise; a bare ``"host"`` means ``host:443`` over TLS. ``unix:PATH`` is passed to gRPC as
+    is (plain text). Anything else (another scheme, a path, a port that is not a number from 1 to 65535,
+    no host) raises ``ValueError`` naming the accepted forms.
+    """
+    text = endpoint.strip()
+    if text.startswith(("unix:", "unix-abstract:")):
+        return ChannelTarget(text, secure=False)
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        scheme, rest = "", text
+    elif scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {endpoint!r}: unknown scheme {scheme + '://'!r}; use {ENDPOINT_FORMS}")
+    rest = rest.rstrip("/")
+    host, port = _split_host_port(rest, endpoint)
+    if scheme == "https":
+        return ChannelTarget(f"{host}:{port or 443}", secure=True)
+    if scheme == "http":
+        return ChannelTarget(f"{host}:{port or 80}", secure=False)
+    if port is None:
+        return ChannelTarget(f"{host}:443", secure=True)
+    return ChannelTarget(f"{host}:{port}", secure=credentials is not None or port == 443)
+
+
+def _split_host_port(text: str, endpoint: str) -> tuple[str, int | None]:
+    """(host, port or None) of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port``; ValueError otherwise."""
+    problem = f"endpoint {endpoint!r} is not of the form {ENDPOINT_FORMS}"
+    if "/" in text or any(character.isspace() for character in text):
+        raise ValueError(problem)
+    if text.startswith("["):  # bracketed IPv6 literal
+        closing = text.find("]")
+        if closing < 2:
+            raise ValueError(problem)
+        host, after = text[: closing + 1], text[closing + 1 :]
+        if after and not after.startswith(":"):
+            raise ValueError(problem)
+        port_text = after[1:] if after else None
+    else:
+        host, colon, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if colon else None
+    if not host or (port_text is not None and not (port_text.isdigit() and 1 <= int(port_text) <= 65535)):
+        raise ValueError(problem)
+    return host, None if port_text is None else int(port_text)
+
+
 def resolve_endpoint(
     endpoint: str | None = None, *, credentials: object | None = None, environ: Any = None
 ) -> ChannelTarget:
     """Decide the channel target: explicit ``endpoint``, else ``PUBSUB_EMULATOR_HOST``, else Google.
 
-    See the module docstring for how an explicit endpoint chooses TLS or plain text.
+    An explicit endpoint goes through :func:`parse_endpoint` (``ValueError`` if malformed); the emulator
+    variable is used as it is, plain text, as every official client does.
     """
     environ = os.environ if environ is None else environ
     if endpoint:
-        if endpoint.startswith("https://"):
-            host = endpoint[len("https://") :].rstrip("/")
-            return ChannelTarget(host if _has_port(host) else host + ":443", secure=True)
-        if endpoint.startswith("http://"):
-            return ChannelTarget(endpoint[len("http://") :].rstrip("/"), secure=False)
-        secure = credentials is not None or endpoint.endswith(":443") or not _has_port(endpoint)
-        target = endpoint if _has_port(endpoint) else endpoint + ":443"
-        return ChannelTarget(target, secure=secure)
+        return parse_endpoint(endpoint, credentials=credentials)
     emulator = environ.get(EMULATOR_HOST_ENV)
     if emulator:
         return ChannelTarget(emulator, secure=False)
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True)
-
-
-def _has_port(host: str) -> bool:
-    if host.startswith("["):  # bracketed IPv6 literal
-        return "]:" in host
-    return host.count(":") == 1
 
 
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
