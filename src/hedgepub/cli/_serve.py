@@ -16,6 +16,7 @@ import click
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, FaultInjector, IamConfig
+    from hedgepub.server._hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
 #: directory, so each project gets its own, and a .gitignore entry keeps it out of version control).
@@ -74,6 +75,13 @@ _FAULT_HELP = (
     help='With --iam enforce: project-level policy for every project, {"bindings": [{"role": ..., '
     '"members": [...]}]}.',
 )
+@click.option(
+    "--dedup-hedges",
+    is_flag=True,
+    help="Store the attempts of one hedged batch (same hedgepub-batch-id metadata) once: a later attempt "
+    "of a committed batch gets the first one's message IDs. Off by default; Google Cloud Pub/Sub does "
+    "not do this.",
+)
 def serve(
     host: str,
     port: int,
@@ -85,6 +93,7 @@ def serve(
     iam_mode: str,
     iam_tokens: Path | None,
     iam_policy: Path | None,
+    dedup_hedges: bool,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -121,13 +130,27 @@ def serve(
             click.echo(f"fault injection on {name}: {rule}", err=True)
         if iam is not None:
             click.echo(f"IAM enforcement on: {iam!r}", err=True)
+        if dedup_hedges:
+            click.echo("dedup-hedges on: a hedged batch is stored once (the real service does not)", err=True)
         elapsed = time.perf_counter() - started
         click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
         click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
         sys.stdout.flush()
 
+    dedup_counts: list[HedgeDedupCounts] = []
     try:
-        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam))
+        asyncio.run(
+            _run(
+                host,
+                port,
+                None if in_memory else data_dir,
+                injector,
+                announce,
+                iam,
+                dedup_hedges=dedup_hedges,
+                report=dedup_counts.append,
+            )
+        )
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
@@ -143,6 +166,12 @@ def serve(
             + (f", {counts.stalled} stalled" if counts.stalled else ""),
             err=True,
         )
+    for dedup in dedup_counts:
+        click.echo(
+            f"dedup-hedges: {dedup.stored} batches stored, {dedup.answered_from_window} repeated attempts "
+            "answered with their batch's first message IDs",
+            err=True,
+        )
 
 
 async def _run(
@@ -152,12 +181,20 @@ async def _run(
     injector: FaultInjector,
     announce: Callable[[AsyncLocalServer], None],
     iam: IamConfig | None = None,
+    *,
+    dedup_hedges: bool = False,
+    report: Callable[[HedgeDedupCounts], object] | None = None,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    servers: list[AsyncLocalServer] = []
+
+    def started(server: AsyncLocalServer) -> None:
+        servers.append(server)  # kept to read its dedup counts once it stops
+        announce(server)
 
     def request_stop(signum: signal.Signals) -> None:
         if stop.is_set():
@@ -175,10 +212,14 @@ async def _run(
         in_memory=data_dir is None,
         faults=injector,
         iam=iam,
-        on_started=announce,
+        on_started=started,
         stop=stop,
         grace=1.0,
+        dedup_hedges=dedup_hedges,
     )
+    for server in servers:
+        if server.hedge_dedup is not None and report is not None:
+            report(server.hedge_dedup.counts)
 
 
 def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:

@@ -20,6 +20,7 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -52,7 +53,9 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead.
+    :class:`~hedgepub.server.Authorizer` instead. ``dedup_hedges=True`` stores the attempts of one hedged
+    batch (same ``hedgepub-batch-id``) once and answers later ones with the first one's message IDs
+    (``hedgepub serve --dedup-hedges``; the real service does not do this).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        dedup_hedges: bool = False,
     ) -> None:
         if faults is None:
             faults = FaultInjector()
@@ -81,6 +85,8 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
+        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
         self._server: grpc.aio.Server | None = None
         self.core: PubSubCore | None = None
         self.port = 0
@@ -102,7 +108,7 @@ class AsyncLocalServer:
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         where = f"{self.host}:{self.requested_port}"
         try:
             port = server.add_insecure_port(where)
@@ -156,13 +162,21 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    dedup_hedges: bool = False,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
     """
     server = AsyncLocalServer(
-        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+        host,
+        port,
+        data_dir=data_dir,
+        in_memory=in_memory,
+        faults=faults,
+        iam=iam,
+        authorizer=authorizer,
+        dedup_hedges=dedup_hedges,
     )
     await server.start()
     try:
@@ -195,10 +209,18 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        dedup_hedges: bool = False,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+            host,
+            port,
+            data_dir=data_dir,
+            in_memory=in_memory,
+            faults=faults,
+            iam=iam,
+            authorizer=authorizer,
+            dedup_hedges=dedup_hedges,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -218,6 +240,11 @@ class LocalServer:
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def hedge_dedup(self) -> HedgeBatchWindow | None:
+        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
+        return self._server.hedge_dedup
 
     @property
     def faults(self) -> FaultInjector:
