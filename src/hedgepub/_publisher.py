@@ -169,6 +169,7 @@ class _PublisherCore:
         hedge_endpoints: Sequence[str] | None = None,
         hedge_transports: Sequence[Transport] | None = None,
         idempotency_attribute: bool | str = False,
+        root_certificates: bytes | None = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -199,6 +200,12 @@ class _PublisherCore:
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
         self.stats_recorder = StatsRecorder()
         self._credentials = credentials
+        if root_certificates is not None and not isinstance(root_certificates, bytes):
+            raise TypeError(
+                "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
+                f"{type(root_certificates).__name__}"
+            )
+        self._root_certificates = root_certificates
         self.routes = self._routes(
             endpoint,
             transport,
@@ -272,7 +279,9 @@ class _PublisherCore:
             self._credentials, _project = google.auth.default(scopes=SCOPES)
 
         def connect(target: ChannelTarget) -> Callable[[], Transport]:
-            return lambda: GrpcTransport(create_channel(target, self._credentials))
+            return lambda: GrpcTransport(
+                create_channel(target, self._credentials, root_certificates=self._root_certificates)
+            )
 
         def ready(made: Transport) -> Callable[[], Transport]:
             return lambda: made
@@ -711,6 +720,7 @@ class _ClientFacade:
         idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
+        root_certificates: bytes | None = None,
         transport: Transport | None = None,
         hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
@@ -752,6 +762,7 @@ class _ClientFacade:
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
             idempotency_attribute=idempotency_attribute,
+            root_certificates=root_certificates,
         )
         self._start()
 
@@ -854,6 +865,8 @@ class PublisherClient(_ClientFacade):
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+        root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
+            CA, or ``hedgepub serve --tls-cert``).
 
     ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
     ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what

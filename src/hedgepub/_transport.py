@@ -16,11 +16,19 @@ Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
 
+A TLS channel trusts the system's root certificates, or only the PEM ``root_certificates`` given
+(``PublisherClient(root_certificates=...)``), for a private CA or ``hedgepub serve --tls-cert``.
+
 On a plain-text channel, ``credentials`` given explicitly still identify the caller: their token goes in
 ``authorization: Bearer ...`` metadata on every call (gRPC refuses call credentials without TLS), which is
 how a local server with IAM enforcement (``hedgepub serve --iam enforce``) learns who publishes, e.g.
 ``credentials=google.oauth2.credentials.Credentials("t-alice")`` with ``endpoint="http://127.0.0.1:8085"``
 or ``PUBSUB_EMULATOR_HOST``. Without explicit credentials nothing is sent, as before.
+
+On both kinds of channel the token is checked before every attempt (hedges included) and refreshed when it
+has expired, once for all the attempts waiting on it. A token that cannot be refreshed fails the attempt
+with ``UNAUTHENTICATED`` (not retried by default), whose message names the credentials and google-auth's
+reason; a refresh error google-auth marks retryable (the token endpoint unreachable) is ``UNAVAILABLE``.
 
 gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
 
@@ -192,48 +200,83 @@ def resolve_endpoint(
 
 
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds google-auth credentials' ``authorization`` header to each call on a plain-text channel."""
+    """Puts google-auth credentials' ``authorization`` header on every call, refreshing the token first.
 
-    def __init__(self, credentials: Any) -> None:
+    Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for two reasons:
+    a token that cannot be refreshed must fail the publish at once with a clear error (through the plugin
+    it surfaces as a retryable ``UNAVAILABLE`` and is retried until the total timeout), and concurrent
+    attempts (a batch and its hedges) must share one refresh rather than each start their own.
+    """
+
+    def __init__(self, credentials: Any, service_url: str) -> None:
         self._credentials = credentials
+        self._service_url = service_url
+        self._auth_request: Any = None
+        self._refresh_lock: asyncio.Lock | None = None
+
+    async def _fresh_headers(self) -> dict[str, str]:
+        import google.auth.exceptions
+        import google.auth.transport.requests
+
+        credentials = self._credentials
+        if self._auth_request is None:
+            self._auth_request = google.auth.transport.requests.Request()
+            self._refresh_lock = asyncio.Lock()
+        if not credentials.valid:
+            assert self._refresh_lock is not None
+            async with self._refresh_lock:  # one refresh at a time; those waiting reuse its token
+                if not credentials.valid:
+                    try:
+                        # Refreshing may block on HTTP; keep the event loop free meanwhile.
+                        await asyncio.get_running_loop().run_in_executor(
+                            None, credentials.refresh, self._auth_request
+                        )
+                    except google.auth.exceptions.GoogleAuthError as error:
+                        retryable = bool(getattr(error, "retryable", False))
+                        raise RpcError(
+                            StatusCode.UNAVAILABLE if retryable else StatusCode.UNAUTHENTICATED,
+                            f"the access token of the {type(credentials).__name__} credentials is missing or "
+                            f"expired and could not be refreshed: {error}",
+                        ) from error
+        headers: dict[str, str] = {}
+        # The token is valid now, so this only adds headers (and, for self-signed JWT credentials, signs
+        # one for this service's audience, as gRPC's own plugin would).
+        credentials.before_request(self._auth_request, "POST", self._service_url, headers)
+        return headers
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        credentials = self._credentials
-        if not credentials.valid:
-            import google.auth.transport.requests
-
-            # Refreshing may block on HTTP; keep the event loop free meanwhile.
-            await asyncio.get_running_loop().run_in_executor(
-                None, credentials.refresh, google.auth.transport.requests.Request()
-            )
-        headers: dict[str, str] = {}
-        credentials.apply(headers)
+        headers = await self._fresh_headers()
         metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
         return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
-def create_channel(target: ChannelTarget, credentials: object | None = None) -> grpc.aio.Channel:
+def create_channel(
+    target: ChannelTarget, credentials: object | None = None, *, root_certificates: bytes | None = None
+) -> grpc.aio.Channel:
     """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
 
     A secure channel carries google-auth credentials: the ones given, or Application Default
-    Credentials. A plain-text channel carries only credentials given explicitly, as metadata.
+    Credentials; it trusts the system's root certificates, or only ``root_certificates`` (PEM) when
+    given (a private CA, a local server with a throwaway certificate). A plain-text channel carries only
+    credentials given explicitly, as metadata.
     """
+    host = target.target.removesuffix(":443")
+    service_url = f"https://{host}/google.pubsub.v1.Publisher"
     if not target.secure:
-        interceptors = [_BearerTokenInterceptor(credentials)] if credentials is not None else None
+        interceptors = (
+            [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
+        )
         return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
     import google.auth
-    import google.auth.transport.grpc
-    import google.auth.transport.requests
 
     if credentials is None:
         credentials, _project = google.auth.default(scopes=SCOPES)
-    plugin = google.auth.transport.grpc.AuthMetadataPlugin(
-        credentials, google.auth.transport.requests.Request()
+    return grpc.aio.secure_channel(
+        target.target,
+        grpc.ssl_channel_credentials(root_certificates=root_certificates),
+        options=CHANNEL_OPTIONS,
+        interceptors=[_BearerTokenInterceptor(credentials, service_url)],
     )
-    channel_credentials = grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials(), grpc.metadata_call_credentials(plugin)
-    )
-    return grpc.aio.secure_channel(target.target, channel_credentials, options=CHANNEL_OPTIONS)
 
 
 class GrpcTransport:
@@ -248,9 +291,16 @@ class GrpcTransport:
         )
 
     @classmethod
-    def connect(cls, endpoint: str | None = None, credentials: object | None = None) -> GrpcTransport:
+    def connect(
+        cls,
+        endpoint: str | None = None,
+        credentials: object | None = None,
+        *,
+        root_certificates: bytes | None = None,
+    ) -> GrpcTransport:
         """Resolve the endpoint and open a channel to it (inside the event loop that will use it)."""
-        return cls(create_channel(resolve_endpoint(endpoint, credentials=credentials), credentials))
+        target = resolve_endpoint(endpoint, credentials=credentials)
+        return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
     async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""

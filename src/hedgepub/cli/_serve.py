@@ -82,6 +82,18 @@ _FAULT_HELP = (
     "of a committed batch gets the first one's message IDs. Off by default; Google Cloud Pub/Sub does "
     "not do this.",
 )
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve TLS with this PEM certificate chain (with --tls-key); clients connect to https://HOST:PORT.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The PEM private key of --tls-cert.",
+)
 def serve(
     host: str,
     port: int,
@@ -94,6 +106,8 @@ def serve(
     iam_tokens: Path | None,
     iam_policy: Path | None,
     dedup_hedges: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -114,6 +128,10 @@ def serve(
         raise click.BadParameter(str(error), param_hint=f"'{option}'") from None
 
     iam = _iam_config(iam_mode, iam_tokens, iam_policy)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError(
+            "--tls-cert and --tls-key go together: give both (or neither, for plain text)."
+        )
 
     if not in_memory:
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
@@ -133,8 +151,15 @@ def serve(
         if dedup_hedges:
             click.echo("dedup-hedges on: a hedged batch is stored once (the real service does not)", err=True)
         elapsed = time.perf_counter() - started
-        click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
-        click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+        if server.tls:
+            # PUBSUB_EMULATOR_HOST means plain text to every client, so it cannot point at a TLS port.
+            click.echo(
+                f"ready in {elapsed:.2f} s; Ctrl-C to stop. TLS with {tls_cert}; connect with:", err=True
+            )
+            click.echo(f"endpoint=https://{server.address}")
+        else:
+            click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
+            click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
         sys.stdout.flush()
 
     dedup_counts: list[HedgeDedupCounts] = []
@@ -147,6 +172,8 @@ def serve(
                 injector,
                 announce,
                 iam,
+                tls_cert,
+                tls_key,
                 dedup_hedges=dedup_hedges,
                 report=dedup_counts.append,
             )
@@ -158,6 +185,10 @@ def serve(
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
+    except ValueError as error:  # a --tls-cert or --tls-key file that holds no PEM
+        if announced:
+            raise
+        raise click.BadParameter(str(error), param_hint="'--tls-cert' / '--tls-key'") from None
     counts = injector.counts
     if counts.calls:
         click.echo(
@@ -181,6 +212,8 @@ async def _run(
     injector: FaultInjector,
     announce: Callable[[AsyncLocalServer], None],
     iam: IamConfig | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
     *,
     dedup_hedges: bool = False,
     report: Callable[[HedgeDedupCounts], object] | None = None,
@@ -216,6 +249,8 @@ async def _run(
         stop=stop,
         grace=1.0,
         dedup_hedges=dedup_hedges,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     for server in servers:
         if server.hedge_dedup is not None and report is not None:
