@@ -21,6 +21,7 @@ from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -60,6 +61,9 @@ class AsyncLocalServer:
     ``keep_unsubscribed=True`` keeps the messages published while their topic has no subscription (the
     real service drops them; :class:`LocalServer` keeps them so that ``messages(topic)`` shows them).
     ``window``: ready messages held in memory per subscription.
+    ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
+    answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
+    service does not do this).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class AsyncLocalServer:
         clock: Clock = DEFAULT_CLOCK,
         keep_unsubscribed: bool = False,
         window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -98,6 +103,8 @@ class AsyncLocalServer:
         self._clock = clock
         self.keep_unsubscribed = keep_unsubscribed
         self._window = window
+        #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
+        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
         self.tls_cert = tls_cert
         self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
@@ -139,7 +146,7 @@ class AsyncLocalServer:
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         where = f"{self.host}:{self.requested_port}"
         try:
             if credentials is not None:
@@ -196,6 +203,7 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    dedup_hedges: bool = False,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
 ) -> None:
@@ -211,6 +219,7 @@ async def serve(
         faults=faults,
         iam=iam,
         authorizer=authorizer,
+        dedup_hedges=dedup_hedges,
         tls_cert=tls_cert,
         tls_key=tls_key,
     )
@@ -250,6 +259,7 @@ class LocalServer:
         authorizer: Authorizer | None = None,
         keep_unsubscribed: bool = True,
         window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -264,6 +274,7 @@ class LocalServer:
             authorizer=authorizer,
             keep_unsubscribed=keep_unsubscribed,
             window=window,
+            dedup_hedges=dedup_hedges,
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
@@ -290,6 +301,11 @@ class LocalServer:
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def hedge_dedup(self) -> HedgeBatchWindow | None:
+        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
+        return self._server.hedge_dedup
 
     @property
     def faults(self) -> FaultInjector:
