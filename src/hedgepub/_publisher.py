@@ -516,7 +516,6 @@ class _PublisherCore:
                 # The engine says when; the attempt number says where (see hedgepub._endpoints).
                 index = routes.index_for(attempt_number)
                 recorder = routes.recorder(index)
-                recorder.sent(attempt_number > 0)
                 sent_at = clock.now()
                 try:
                     ids = await routes.transport(index).publish(
@@ -550,6 +549,7 @@ class _PublisherCore:
             )
             try:
                 self.stats_recorder.record_batch(len(batch.futures), cut_off)
+                routes.record_batch(cut_off.attempts_sent, cut_off.hedges_sent, None)
             finally:
                 self._fail(batch, error, counted=True)
             raise
@@ -560,7 +560,7 @@ class _PublisherCore:
             return
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
-            routes.record_win(outcome.winner_attempt)
+            routes.record_batch(outcome.attempts_sent, outcome.hedges_sent, outcome.winner_attempt)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
