@@ -3,6 +3,8 @@
 The whole public API is listed here; everything in a module whose name starts with ``_`` is private.
 """
 
+# First, before any module imports grpc: keep gRPC's C-core log lines off the terminal by default.
+from hedgepub import _grpc_logging  # noqa: F401  # isort: split
 from hedgepub._endpoints import EndpointStats
 from hedgepub._exceptions import (
     FlowControlLimitError,

@@ -20,6 +20,7 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -54,6 +55,9 @@ class AsyncLocalServer:
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
     :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
     ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
+    ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
+    answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
+    service does not do this).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -88,6 +93,8 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
+        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
         self.tls_cert = tls_cert
         self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
@@ -129,7 +136,7 @@ class AsyncLocalServer:
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         where = f"{self.host}:{self.requested_port}"
         try:
             if credentials is not None:
@@ -186,6 +193,7 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    dedup_hedges: bool = False,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
 ) -> None:
@@ -201,6 +209,7 @@ async def serve(
         faults=faults,
         iam=iam,
         authorizer=authorizer,
+        dedup_hedges=dedup_hedges,
         tls_cert=tls_cert,
         tls_key=tls_key,
     )
@@ -235,6 +244,7 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -247,6 +257,7 @@ class LocalServer:
             faults=faults,
             iam=iam,
             authorizer=authorizer,
+            dedup_hedges=dedup_hedges,
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
@@ -273,6 +284,11 @@ class LocalServer:
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def hedge_dedup(self) -> HedgeBatchWindow | None:
+        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
+        return self._server.hedge_dedup
 
     @property
     def faults(self) -> FaultInjector:
