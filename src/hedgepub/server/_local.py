@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable
@@ -16,9 +17,11 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
@@ -42,7 +45,10 @@ def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Stor
         raise ValueError("data_dir is required unless in_memory=True")
     from hedgepub.server._sqlite import SqliteStore
 
-    return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
+    try:
+        return SqliteStore(database_path(data_dir))
+    except sqlite3.Error as error:
+        raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
 
 class AsyncLocalServer:
@@ -99,6 +105,7 @@ class AsyncLocalServer:
         self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
         self.core: PubSubCore | None = None
+        self._data_dir_lock: DataDirLock | None = None
         self.port = 0
 
     @property
@@ -124,14 +131,38 @@ class AsyncLocalServer:
         return grpc.ssl_server_credentials([(key, chain)])
 
     async def start(self) -> None:
-        """Open the store, load what it holds, and start serving."""
+        """Lock and check the data directory, open the store, load what it holds, and start serving.
+
+        A data directory another server uses, or one that cannot be written, or a database that cannot be
+        opened or fails SQLite's quick check raises :class:`~hedgepub.server.DataDirError` (one line).
+        """
         credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
+        if not self.in_memory and self.data_dir is not None:
+            self._data_dir_lock = open_data_dir(self.data_dir)
+        try:
+            await self._start(credentials)
+        except BaseException:
+            self._release_data_dir()
+            raise
+
+    def _release_data_dir(self) -> None:
+        lock, self._data_dir_lock = self._data_dir_lock, None
+        if lock is not None:
+            lock.release()
+
+    async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
         store = open_store(self.data_dir, self.in_memory)
         core = PubSubCore(store, clock=self._clock)
         loop = asyncio.get_running_loop()
-        # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
-        snapshot = await loop.run_in_executor(None, store.load)
-        core.load(snapshot)
+        try:
+            # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
+            snapshot = await loop.run_in_executor(None, store.load)
+            core.load(snapshot)
+        except (sqlite3.Error, DecodeError) as error:
+            await core.close()
+            raise DataDirError(
+                f"database file {database_path(self.data_dir or '')} cannot be loaded: {error}"
+            ) from None
         authorizer = self._authorizer
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
@@ -162,6 +193,7 @@ class AsyncLocalServer:
             await server.stop(grace)
         if core is not None:
             await core.close()
+        self._release_data_dir()
 
     async def wait_for_termination(self) -> None:
         """Wait until the server stops."""
