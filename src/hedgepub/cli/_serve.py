@@ -119,7 +119,7 @@ def serve(
         raise click.UsageError("--data-dir and --in-memory exclude each other: choose one.")
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
-    from hedgepub.server import FaultInjector
+    from hedgepub.server import DataDirError, FaultInjector
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
@@ -135,7 +135,7 @@ def serve(
 
     if not in_memory:
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # created, locked and checked by the server itself, which reports a problem in one line
     storage = "in memory (lost on exit)" if in_memory else f"SQLite in {data_dir}"
 
     announced = False
@@ -181,7 +181,9 @@ def serve(
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
-    except OSError as error:  # the server never started (address taken, data directory unusable, ...)
+    except DataDirError as error:  # in use by another server, cannot be written, damaged database
+        raise click.ClickException(str(error)) from None
+    except OSError as error:  # the server never started (address taken, ...)
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
