@@ -11,9 +11,14 @@ comes in as an argument (``now``), nothing here reads a clock, so the rules run 
 used from the publisher's event loop only; ``current`` may be read from any thread.
 
 Which latency is a sample (the engine decides, see :mod:`hedgepub._engine`): per successful batch, the
-latency of the original's winning try, or, when a hedge won while the original's try was still running,
-the time that try had been running (a lower bound on its latency). Without those lower bounds the slow
-tail would vanish from the histogram as soon as hedges start winning, and the estimate would drift down.
+latency of the winning attempt, from its sending to its answer, as tower records it. Losers are
+cancelled and never answer, so once hedges win, the slow tail they cut short is seen less: the estimate
+leans low. That is the stable side to err on. A delay that is too short makes hedges frequent; the token
+bucket then runs dry, batches go unhedged, their slow originals are recorded, and the estimate rises
+again, so the extra load stays within the bucket's bound (``refill_ratio`` per batch plus its size).
+Recording the originals that hedges cut short (as a lower bound of their latency) was tried instead: on a
+mix whose slow tier is exactly 5 % (Google's Go test mix), the 95th percentile then sits on the edge
+between the tiers and ratchets up into the slow tier, and hedging stops helping.
 """
 
 from __future__ import annotations

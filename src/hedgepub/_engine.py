@@ -39,9 +39,8 @@ Choices made where the spec is silent:
 * Without ``hedging`` (or with it but without a ``bucket``, which :func:`run_batch` refuses) there are
   no hedges. A ``bucket`` is refilled on every success, hedging on or not.
 * A batch keeps the hedge delay it started with: hedge k is sent at ``t0 + k * delay`` even if the delay
-  source moves meanwhile. On success, the delay source gets one latency per batch: the winning try's,
-  when the original won; the time the original's try had been running, when a hedge won while it ran
-  (a lower bound, so that the slow tail stays visible); nothing otherwise (the original was backing off).
+  source moves meanwhile. On success, the delay source gets one latency per batch: the winning attempt's,
+  from its own sending to its answer (the original's try, a retry or a hedge).
 """
 
 from __future__ import annotations
@@ -246,7 +245,7 @@ class HedgingCore:
         if self.bucket is not None:
             self.bucket.refill()
         if self.delay_source is not None:
-            self._record_latency(running, now)
+            self.delay_source.record(now - running.sent_at, now)
         return self._resolve(now, message_ids=ids, winner=running.attempt_number, finished=attempt_id)
 
     def attempt_failed(self, attempt_id: int, error: BaseException, now: float) -> list[Action]:
@@ -286,15 +285,6 @@ class HedgingCore:
         return [CancelAttempt(timer.index), *self.attempt_failed(timer.index, timeout, now)]
 
     # Decisions ---------------------------------------------------------------------------------------
-
-    def _record_latency(self, winner: _Running, now: float) -> None:
-        if winner.attempt_number == 0:
-            self.delay_source.record(now - winner.sent_at, now)  # type: ignore[union-attr]
-            return
-        for running in self._running.values():
-            if running.attempt_number == 0:  # the original's try, cut short by the hedge's win
-                self.delay_source.record(now - running.sent_at, now)  # type: ignore[union-attr]
-                return
 
     def _classify(self, error: BaseException) -> tuple[PublishError, bool]:
         if isinstance(error, RpcError):

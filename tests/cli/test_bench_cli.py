@@ -18,7 +18,7 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
         "--messages", "200",
         "--rate", "100",
         "--mix", "90%:1ms,10%:1s",
-        "--hedge-delay", "0.1",
+        "--hedge-delay", "0.1,auto",
         "--max-tokens", "30",
         "--refill-ratio", "0.2",
         "--warmup", "150",
@@ -28,15 +28,22 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
     assert result.exit_code == 0, result.output
     assert "hedged / unhedged" in result.output
     assert "p99.9 latency (ms)" in result.output
+    assert "fixed-100ms" in result.output and "adaptive" in result.output
 
     document = json.loads((out / "results.json").read_text())
     assert list(document) == ["config", "results"]
     config = document["config"]
     assert (config["messages"], config["rate"], config["mix"]) == (200, 100.0, "90%:1ms,10%:1s")
-    assert (config["hedge_delay"], config["max_tokens"], config["warmup_publishes"]) == (0.1, 30, 150)
-    assert list(document["results"]) == ["unhedged", "hedged"]
-    unhedged, hedged = document["results"]["unhedged"], document["results"]["hedged"]
-    for entry in (unhedged, hedged):
+    assert (config["hedge_delays"], config["max_tokens"], config["warmup_publishes"]) == (
+        [0.1, "auto"],
+        30,
+        150,
+    )
+    assert config["adaptive_delay"] == {"percentile": 95.0, "window": 10.0, "min_samples": 100}
+    assert list(document["results"]) == ["unhedged", "fixed-100ms", "adaptive"]
+    results = document["results"]
+    unhedged, hedged, adaptive = results["unhedged"], results["fixed-100ms"], results["adaptive"]
+    for entry in (unhedged, hedged, adaptive):
         assert list(entry) == list(RESULT_KEYS)
         assert entry["published"] == 200
         assert entry["failed"] == 0
@@ -46,7 +53,11 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
         )
 
     assert unhedged["attempts_per_publish"] == 1.0
-    assert (unhedged["hedges_sent"], unhedged["hedges_won"]) == (0, 0)
+    assert (unhedged["hedges_sent"], unhedged["hedges_won"], unhedged["hedge_delay_ms"]) == (0, 0, None)
+    assert hedged["hedge_delay_ms"] == 100.0
+    # the warm-up's fast publishes gave the adaptive publisher its samples: it left the 1 s fallback
+    assert 100.0 <= adaptive["hedge_delay_ms"] < 1000.0
+    assert adaptive["attempts_per_publish"] <= 1 + (0.2 * (150 + 200) + 30) / 200
     # one publish in ten is delayed by 1 s: the unhedged p99 waits for it, the hedged one does not
     assert unhedged["p99_ms"] >= 1000
     assert hedged["hedges_sent"] > 0
@@ -67,6 +78,8 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
 def test_bad_bench_options_are_usage_errors(hedgepub_cli, tmp_path) -> None:
     for args, message in [
         (("--hedge-delay", "0.05"), "hedge_delay"),
+        (("--hedge-delay", "0.1,soon"), "'soon' is neither seconds"),
+        (("--hedge-delay", "auto,auto"), "must not repeat"),
         (("--max-tokens", "0"), "max_tokens"),
         (("--refill-ratio", "0.5"), "refill_ratio"),
         (("--mix", "95%:5ms,10%:1s"), "more than 100%"),

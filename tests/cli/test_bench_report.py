@@ -136,8 +136,28 @@ class TestDocument:
         assert json.loads(path.read_text()) == document
 
     def test_a_missing_publisher_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="hedged"):
+        with pytest.raises(ValueError, match="at least one hedged"):
             results_document({}, {"unhedged": _result(LatencyRecorder())})
+        with pytest.raises(ValueError, match="'unhedged'"):
+            results_document({}, {"hedged": _result(LatencyRecorder()), "other": _result(LatencyRecorder())})
+
+    def test_any_number_of_publishers_is_a_column_each_unhedged_first(self) -> None:
+        recorders = {name: LatencyRecorder() for name in ("fixed-100ms", "unhedged", "adaptive")}
+        for seed, recorder in enumerate(recorders.values()):
+            for seconds in _mixed_latencies(500, seed):
+                recorder.record(seconds)
+        delays = {"unhedged": None, "fixed-100ms": 100.0, "adaptive": 123.4}
+        results = {
+            name: _result(recorder, hedge_delay_ms=delays[name]) for name, recorder in recorders.items()
+        }  # type: ignore[arg-type]
+        document = results_document({}, results)
+        assert list(document["results"]) == ["unhedged", "fixed-100ms", "adaptive"]
+        assert document["results"]["adaptive"]["hedge_delay_ms"] == 123.4
+        lines = render_markdown(document).splitlines()
+        assert lines[0] == "| measure | unhedged | fixed-100ms | adaptive |"
+        assert lines[1] == "|---|---:|---:|---:|"
+        assert "| hedge delay (ms) | - | 100 | 123 |" in lines
+        assert all(line.count("|") == 5 for line in lines)
 
     def test_the_table_shows_every_measure_and_the_ratios(self) -> None:
         document = _document()
@@ -158,13 +178,14 @@ class TestDocument:
         assert "duplicates on server" in text
         assert "failed" in text
         p99 = document["results"]["hedged"]["p99_ms"] / document["results"]["unhedged"]["p99_ms"]
-        assert f"{p99:.2f}x" in text
-        assert build_table(document).row_count == 11
+        assert f"({p99:.2f}x)" in text
+        assert "hedge delay (ms)" in text
+        assert build_table(document).row_count == 12
 
     def test_the_markdown_table_has_a_header_and_one_line_per_measure(self) -> None:
         lines = render_markdown(_document()).splitlines()
-        assert lines[0].startswith("| measure | unhedged | hedged")
-        assert len(lines) == 13
+        assert lines[0] == "| measure | unhedged | hedged |"
+        assert len(lines) == 14
         assert all(line.startswith("|") and line.endswith("|") for line in lines)
 
 
@@ -194,12 +215,18 @@ class TestConfig:
         config = BenchConfig()
         assert 40 <= config.expected_seconds() <= 60
         assert config.warmup_target() == 500  # 50 tokens at 0.1 per success
-        assert config.hedging_settings().hedge_delay == 0.1
+        unhedged, fixed, adaptive = config.publishers()
+        assert (unhedged.name, unhedged.hedging) == ("unhedged", None)
+        assert fixed.name == "fixed-100ms" and fixed.hedging.hedge_delay == 0.1  # type: ignore[union-attr]
+        assert adaptive.name == "adaptive" and adaptive.hedging.adaptive_delay is not None  # type: ignore[union-attr]
 
     @pytest.mark.parametrize(
         ("field", "value", "message"),
         [
-            ("hedge_delay", 0.05, "hedge_delay"),
+            ("hedge_delays", (0.05,), "hedge_delay"),
+            ("hedge_delays", ("fast",), "'auto'"),
+            ("hedge_delays", (), "at least one"),
+            ("hedge_delays", (0.1, 0.1), "must not repeat"),
             ("max_tokens", 0, "max_tokens"),
             ("refill_ratio", 0.5, "refill_ratio"),
             ("messages", 0, "messages"),
@@ -300,4 +327,4 @@ class TestPlotLabels:
             for key in ("p50_ms", "p90_ms", "p99_ms", "p999_ms"):
                 value = format_ms(document["results"][name][key])
                 assert f"{value} ms" in shown
-                assert f"| {value} |" in table or f" {value} |" in table
+                assert f"| {value} |" in table or f"| {value} (" in table  # hedged cells: "106 (0.04x)"

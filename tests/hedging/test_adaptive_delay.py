@@ -130,17 +130,20 @@ def test_core_reads_the_delay_once_at_start_and_records_the_winner() -> None:
     assert source.samples == 2
 
 
-def test_core_records_the_original_running_time_when_a_hedge_wins() -> None:
+def test_core_records_the_winning_hedge_own_latency() -> None:
     source = estimator(min_samples=1, percentile=99)
     source.record(0.2, 0.0)
     bucket = TokenBucket(1, 1.0)
     bucket.refill()
     core = HedgingCore(1, RetrySettings(), HedgingSettings(), bucket, source)
     core.start(0.0)
-    assert SendAttempt(1, 1, 5.0) in core.timer_fired(Timer(TimerKind.HEDGE, 1), core.hedge_delay)
-    core.attempt_succeeded(1, ["id"], 1.7)
-    # The original had been running 1.7 s when the hedge won: that lower bound is a sample.
-    assert source.delay(1.7) == pytest.approx(1.7, rel=0.01)
+    sent_at = core.hedge_delay
+    assert sent_at == pytest.approx(0.2, rel=0.01)
+    assert SendAttempt(1, 1, 5.0) in core.timer_fired(Timer(TimerKind.HEDGE, 1), sent_at)
+    core.attempt_succeeded(1, ["id"], sent_at + 0.7)
+    # The hedge answered 0.7 s after it was sent; the cancelled original is never a sample.
+    assert source.samples == 2
+    assert source.delay(2.0) == pytest.approx(0.7, rel=0.01)
 
 
 async def _batches(

@@ -149,7 +149,7 @@ def test_official_arguments_become_hedgepub_settings(monkeypatch: pytest.MonkeyP
             rpc_timeout_multiplier=2.0,
             retryable_codes={StatusCode.ABORTED},
         )
-        assert core._target is not None and core._target.target == "127.0.0.1:1"
+        assert core.routes.labels[0] == "127.0.0.1:1"  # the primary endpoint's host:port
     finally:
         publisher.shutdown()
 

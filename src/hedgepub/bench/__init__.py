@@ -10,7 +10,14 @@
 """
 
 from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
-from hedgepub.bench._experiment import DEFAULT_MIX, BenchConfig, BenchProgress, BenchRun, run_bench
+from hedgepub.bench._experiment import (
+    DEFAULT_MIX,
+    BenchConfig,
+    BenchProgress,
+    BenchRun,
+    PublisherSpec,
+    run_bench,
+)
 from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_latency_cdf
 from hedgepub.bench._report import (
     RESULT_KEYS,
@@ -35,6 +42,7 @@ __all__ = [
     "BenchRun",
     "LatencyRecorder",
     "PublisherResult",
+    "PublisherSpec",
     "arrival_times",
     "build_table",
     "default_project",

@@ -1,13 +1,14 @@
-"""The tail-latency experiment: the same open-loop workload through an unhedged and a hedged publisher.
+"""The tail-latency experiment: the same open-loop workload through an unhedged publisher and hedged ones.
 
-One local server runs in-process with a latency mix injected on ``Publish``. Both publishers publish one
-message per batch at the same moments of one arrival schedule (their order shuffled at each moment), so
-machine noise, garbage collection and the server's load hit both alike, and the comparison is made
-within one run rather than across two. Each publisher has its own topic, so the duplicates that hedging
-may cause are counted per publisher.
+One local server runs in-process with a latency mix injected on ``Publish``. Every publisher (unhedged,
+then one per configured hedge delay: a fixed number of seconds, or ``"auto"`` for the adaptive delay)
+publishes one message per batch at the same moments of one arrival schedule (their order shuffled at
+each moment), so machine noise, garbage collection and the server's load hit all alike, and the
+comparison is made within one run rather than across several. Each publisher has its own topic, so the
+duplicates that hedging may cause are counted per publisher.
 
-Before measuring, a warm-up with no injected latency connects both channels and fills the hedged
-publisher's token bucket (it starts empty, as the spec says); the counters are read before and after
+Before measuring, a warm-up with no injected latency connects every channel and fills the hedged
+publishers' token buckets (they start empty, as the spec says); the counters are read before and after
 the measured period and only the difference is reported.
 """
 
@@ -20,12 +21,12 @@ import os
 import platform
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import hedgepub
-from hedgepub import BatchSettings, HedgingSettings, RetrySettings
+from hedgepub import AdaptiveDelay, BatchSettings, HedgingSettings, RetrySettings
 from hedgepub.bench._admin_rpc import AdminClient
-from hedgepub.bench._report import PUBLISHERS, LatencyRecorder, PublisherResult, results_document
+from hedgepub.bench._report import UNHEDGED, LatencyRecorder, PublisherResult, results_document
 from hedgepub.bench._schedule import Arrivals, arrival_times, pair_orders
 
 if TYPE_CHECKING:
@@ -40,6 +41,25 @@ MAX_WARMUP = 5_000
 WARMUP_CONCURRENCY = 32
 _PROJECT = "hedgepub-bench"
 
+#: A hedged publisher's delay: fixed seconds, or ``"auto"`` for :class:`~hedgepub.AdaptiveDelay`.
+HedgeDelayChoice = float | Literal["auto"]
+#: The name of the adaptive publisher (``"auto"`` in ``hedge_delays``).
+ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class PublisherSpec:
+    """One publisher of the bench: its name (a column of the table, a key of ``results.json``, a topic)
+    and its hedging settings (``None``: unhedged)."""
+
+    name: str
+    hedging: HedgingSettings | None
+
+
+def fixed_name(delay: float) -> str:
+    """The name of the publisher hedging after a fixed ``delay`` seconds, e.g. ``fixed-100ms``."""
+    return f"fixed-{delay * 1000:g}ms"
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -49,8 +69,11 @@ class BenchConfig:
         messages: measured publishes per publisher.
         rate: publishes per second per publisher (both publish at every arrival).
         mix: latency mix injected on Publish, in the fault injector's syntax.
-        hedge_delay: seconds before a hedge is sent (0.1 to 10); well under the slow tiers of the mix.
-        max_tokens: the hedged publisher's token bucket size.
+        hedge_delays: one hedged publisher per entry: seconds before a hedge is sent (0.1 to 10), or
+            ``"auto"`` for the adaptive delay (95th percentile of recent latency, starting from the
+            default 1 s until it has 100 samples). The default compares 0.1 s, well under the slow
+            tiers of the mix, with the adaptive delay.
+        max_tokens: each hedged publisher's token bucket size.
         refill_ratio: tokens added per successful batch.
         seed: seeds the arrival schedule and the injected latencies, so a run can be repeated.
         warmup: warm-up publishes per publisher; ``None`` warms up until the token bucket is full.
@@ -60,7 +83,7 @@ class BenchConfig:
     messages: int = 2_000
     rate: float = 40.0
     mix: str = DEFAULT_MIX
-    hedge_delay: float = 0.1
+    hedge_delays: tuple[HedgeDelayChoice, ...] = (0.1, "auto")
     max_tokens: int = 50
     refill_ratio: float = 0.1
     seed: int = 1
@@ -76,13 +99,31 @@ class BenchConfig:
             raise ValueError(f"warmup must be in [0, {MAX_WARMUP}]; got {self.warmup!r}")
         if self.arrivals not in ("poisson", "fixed"):
             raise ValueError(f"arrivals must be 'poisson' or 'fixed'; got {self.arrivals!r}")
-        self.hedging_settings()  # validates hedge_delay, max_tokens and refill_ratio with their messages
+        if isinstance(self.hedge_delays, (str, bytes)) or not isinstance(self.hedge_delays, tuple):
+            raise TypeError(f"hedge_delays must be a tuple; got {self.hedge_delays!r}")
+        if not self.hedge_delays:
+            raise ValueError("hedge_delays must name at least one hedged publisher")
+        names = [spec.name for spec in self.publishers()]  # validates every delay, max_tokens, refill_ratio
+        if len(set(names)) != len(names):
+            raise ValueError(f"hedge_delays must not repeat a delay; got {self.hedge_delays!r}")
 
-    def hedging_settings(self) -> HedgingSettings:
-        """The hedged publisher's settings."""
-        return HedgingSettings(
-            hedge_delay=self.hedge_delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
-        )
+    def publishers(self) -> tuple[PublisherSpec, ...]:
+        """Every publisher of the run, in the order they are shown: unhedged first."""
+        specs = [PublisherSpec(UNHEDGED, None)]
+        for delay in self.hedge_delays:
+            if delay == "auto":
+                hedging = HedgingSettings(
+                    max_tokens=self.max_tokens, refill_ratio=self.refill_ratio, adaptive_delay=AdaptiveDelay()
+                )
+                specs.append(PublisherSpec(ADAPTIVE, hedging))
+                continue
+            if isinstance(delay, str):
+                raise ValueError(f"hedge_delay must be seconds (0.1 to 10) or 'auto'; got {delay!r}")
+            hedging = HedgingSettings(
+                hedge_delay=delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
+            )
+            specs.append(PublisherSpec(fixed_name(hedging.hedge_delay), hedging))
+        return tuple(specs)
 
     def warmup_target(self) -> int:
         """Warm-up publishes per publisher: as given, or enough successes to fill the token bucket."""
@@ -157,19 +198,21 @@ async def _warm_up(
     config: BenchConfig,
     progress: BenchProgress,
 ) -> int:
-    """Publish with no injected latency until the hedged bucket is full; returns publishes per client."""
+    """Publish with no injected latency until every hedged bucket is full; returns publishes per client."""
     target = config.warmup_target()
-    hedged = clients["hedged"]
+    hedged = [client for name, client in clients.items() if name != UNHEDGED]
     progress.phase("warm-up", target)
     done = 0
     while done < target:
-        if config.warmup is None and hedged.stats().tokens_available >= config.max_tokens:
+        if config.warmup is None and all(
+            client.stats().tokens_available >= config.max_tokens for client in hedged
+        ):
             break
         size = min(WARMUP_CONCURRENCY, target - done)
         publishes = [
             clients[name].publish(topics[name], _payload(f"warmup-{name}", done + offset))
             for offset in range(size)
-            for name in PUBLISHERS
+            for name in clients
         ]
         await asyncio.gather(*publishes)
         done += size
@@ -189,12 +232,13 @@ async def _measure(
     the schedule (ms).
     """
     loop = asyncio.get_running_loop()
+    names = tuple(clients)
     times = arrival_times(config.messages, config.rate, seed=config.seed, arrivals=config.arrivals)
-    orders = pair_orders(config.messages, PUBLISHERS, seed=config.seed)
-    recorders = {name: LatencyRecorder() for name in PUBLISHERS}
-    published: dict[str, set[bytes]] = {name: set() for name in PUBLISHERS}
-    failures = dict.fromkeys(PUBLISHERS, 0)
-    progress.phase("publishing", config.messages * len(PUBLISHERS))
+    orders = pair_orders(config.messages, names, seed=config.seed)
+    recorders = {name: LatencyRecorder() for name in names}
+    published: dict[str, set[bytes]] = {name: set() for name in names}
+    failures = dict.fromkeys(names, 0)
+    progress.phase("publishing", config.messages * len(names))
 
     async def publish_one(name: str, index: int) -> None:
         payload = _payload(name, index)
@@ -256,23 +300,23 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
     began = loop.time()
     batch = BatchSettings(max_messages=1)
     retry = RetrySettings()
+    specs = config.publishers()
+    names = [spec.name for spec in specs]
     with LocalServer(host="127.0.0.1", port=0, in_memory=True) as server:
-        topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in PUBLISHERS}
-        warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in PUBLISHERS}
+        topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in names}
+        warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in names}
         with AdminClient(server.address) as admin:
             admin.wait_ready(10.0)
             for topic in (*topics.values(), *warmup_topics.values()):
                 await loop.run_in_executor(None, admin.create_topic, topic)
         clients = {
-            "unhedged": AsyncPublisherClient(
-                batch_settings=batch, retry_settings=retry, endpoint=server.address
-            ),
-            "hedged": AsyncPublisherClient(
-                hedging_settings=config.hedging_settings(),
+            spec.name: AsyncPublisherClient(
+                hedging_settings=spec.hedging,
                 batch_settings=batch,
                 retry_settings=retry,
                 endpoint=server.address,
-            ),
+            )
+            for spec in specs
         }
         try:
             warmup_done = await _warm_up(clients, warmup_topics, config, progress)
@@ -281,6 +325,7 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
             server.faults.set("Publish", FaultRule(latency=mix))
             recorders, published, failures, lag_ms = await _measure(clients, topics, config, progress)
             counters = {name: _Counters.of(client) - before[name] for name, client in clients.items()}
+            delays_ms = {name: client.stats().hedge_delay_ms for name, client in clients.items()}
             measure_end = loop.time()
         finally:
             for client in clients.values():
@@ -291,7 +336,7 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
         server.faults.set("Publish", None)
         results: dict[str, PublisherResult] = {}
         missing: dict[str, int] = {}
-        for name in PUBLISHERS:
+        for name in names:
             duplicates, missing[name] = _count_stored(server, topics[name], published[name])
             results[name] = PublisherResult.from_measurements(
                 recorders[name],
@@ -300,13 +345,14 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
                 hedges_sent=counters[name].hedges_sent,
                 hedges_won=counters[name].hedges_won,
                 duplicates=duplicates,
+                hedge_delay_ms=delays_ms[name] if name != UNHEDGED else None,
             )
     config_entry = _config_entry(config, warmup_done, retry)
     config_entry["run"] = run_info(loop.time() - began)
     config_entry["run"]["max_schedule_lag_ms"] = round(lag_ms, 1)
     return BenchRun(
         document=results_document(config_entry, results),
-        latencies_ms={name: recorders[name].latencies_ms for name in PUBLISHERS},
+        latencies_ms={name: recorders[name].latencies_ms for name in names},
         results=results,
         max_schedule_lag_ms=lag_ms,
         missing=missing,
@@ -330,7 +376,10 @@ def _longest_delay(mix: LatencyMix) -> float:
 
 
 def _config_entry(config: BenchConfig, warmup_done: int, retry: RetrySettings) -> dict[str, Any]:
-    entry = asdict(config)  # the option names: messages and rate are per publisher, hedge_delay in s
+    entry = asdict(config)  # the option names: messages and rate are per publisher, hedge_delays in s
+    entry["hedge_delays"] = list(config.hedge_delays)
+    if "auto" in config.hedge_delays:
+        entry["adaptive_delay"] = asdict(AdaptiveDelay())  # as the "adaptive" publisher uses it
     entry["warmup_publishes"] = warmup_done
     entry["batch_max_messages"] = 1
     entry["retry"] = {

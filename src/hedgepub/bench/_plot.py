@@ -24,8 +24,9 @@ from hedgepub.bench._report import PERCENTILES, LatencyRecorder, PublisherResult
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-#: Colours per publisher name; other names get matplotlib's default cycle.
-_COLOURS = {"unhedged": "#d62728", "hedged": "#1f77b4"}
+#: Colours per publisher name; other names take the next of _OTHER_COLOURS (neither red nor green).
+_COLOURS = {"unhedged": "#d62728", "hedged": "#1f77b4", "adaptive": "#2ca02c"}
+_OTHER_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 #: ``gid`` of the texts of the percentile table (tests find them by it).
 LABEL_GID = "percentile-label"
 _LABEL_FONT = 8.0
@@ -74,8 +75,9 @@ def latency_cdf_figure(
     figure, axes = plt.subplots(figsize=_FIGURE_SIZE, dpi=_DPI)
     colours: dict[str, str] = {}
     highest_share = 0.0
-    for index, (name, ordered) in enumerate(latencies_ms.items()):
-        colours[name] = _COLOURS.get(name, f"C{index}")
+    others = iter(_OTHER_COLOURS * len(latencies_ms))
+    for name, ordered in latencies_ms.items():
+        colours[name] = _COLOURS.get(name) or next(others)
         if name not in shown:
             continue
         ordered = shown[name]

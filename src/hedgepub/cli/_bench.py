@@ -80,6 +80,29 @@ class _ProgressBar:
             self._progress.advance(self._task, steps)
 
 
+def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float | str, ...]:
+    """``0.1,1,auto`` -> ``(0.1, 1.0, "auto")``; the ranges are checked by BenchConfig."""
+    delays: list[float | str] = []
+    for part in value.split(","):
+        part = part.strip()
+        if part == "auto":
+            delays.append("auto")
+            continue
+        try:
+            delays.append(float(part))
+        except ValueError:
+            raise click.BadParameter(
+                f"{part!r} is neither seconds (0.1 to 10) nor 'auto'; give e.g. 0.1,1,auto"
+            ) from None
+    return tuple(delays)
+
+
+def _delay_text(delays: tuple[float | str, ...]) -> str:
+    return ", ".join(
+        "adaptive (p95)" if delay == "auto" else f"{float(delay) * 1000:g} ms" for delay in delays
+    )
+
+
 def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hedgepub.server import LatencyMix
 
@@ -103,7 +126,7 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     type=click.FloatRange(min=0, min_open=True),
     default=_DEFAULTS.rate,
     show_default=True,
-    help="Publishes per second per publisher (both publish at every arrival).",
+    help="Publishes per second per publisher (all publish at every arrival).",
 )
 @click.option(
     "--mix",
@@ -114,17 +137,19 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
 )
 @click.option(
     "--hedge-delay",
-    type=float,
-    default=_DEFAULTS.hedge_delay,
+    "hedge_delays",
+    default=",".join("auto" if d == "auto" else f"{d:g}" for d in _DEFAULTS.hedge_delays),
     show_default=True,
-    help="Seconds before the hedged publisher sends a hedge (0.1 to 10).",
+    callback=_parse_hedge_delays,
+    help="One hedged publisher per comma-separated entry: seconds before a hedge (0.1 to 10), or "
+    "'auto' for the adaptive delay (p95 of recent latency).",
 )
 @click.option(
     "--max-tokens",
     type=int,
     default=_DEFAULTS.max_tokens,
     show_default=True,
-    help="Token bucket size of the hedged publisher (1 to 250).",
+    help="Token bucket size of each hedged publisher (1 to 250).",
 )
 @click.option(
     "--refill-ratio",
@@ -161,7 +186,7 @@ def bench(
     messages: int,
     rate: float,
     mix: str,
-    hedge_delay: float,
+    hedge_delays: tuple[float | str, ...],
     max_tokens: int,
     refill_ratio: float,
     seed: int,
@@ -172,16 +197,17 @@ def bench(
     """Measure publish latency without and with hedging, side by side, on a local server.
 
     Starts a local Pub/Sub server in this process (127.0.0.1, in memory), injects the latency MIX on
-    Publish, and publishes one message per batch on an open-loop schedule through two publishers at
-    once: one unhedged, one hedged. Prints the latency percentiles of both, writes OUT/results.json and
-    plots their latency distributions to OUT/tail-latency.png. The defaults take about a minute.
+    Publish, and publishes one message per batch on an open-loop schedule through several publishers at
+    once: one unhedged, and one hedged per --hedge-delay entry (default: 100 ms and adaptive). Prints the
+    latency percentiles of all, writes OUT/results.json and plots their latency distributions to
+    OUT/tail-latency.png. The defaults take about a minute.
     """
     try:
         config = BenchConfig(
             messages=messages,
             rate=rate,
             mix=mix,
-            hedge_delay=hedge_delay,
+            hedge_delays=hedge_delays,  # type: ignore[arg-type]  # floats and "auto", as parsed
             max_tokens=max_tokens,
             refill_ratio=refill_ratio,
             seed=seed,
@@ -194,7 +220,7 @@ def bench(
     console.print(
         f"[bold]hedgepub bench[/]: {config.messages:,} publishes per publisher at {config.rate:g}/s each "
         f"(about {config.expected_seconds():.0f} s), latency on Publish {config.mix}, "
-        f"hedge delay {config.hedge_delay * 1000:g} ms, bucket {config.max_tokens} tokens "
+        f"hedge delays {_delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )
     try:
@@ -206,7 +232,7 @@ def bench(
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
     subtitle = (
-        f"injected on Publish: {config.mix}; hedge delay {config.hedge_delay * 1000:g} ms; "
+        f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
         f"{config.messages:,} publishes each at {config.rate:g}/s"
     )
     plot_path = plot_latency_cdf(
@@ -215,7 +241,7 @@ def bench(
     if run.max_schedule_lag_ms > 50:
         console.print(
             f"[yellow]note[/]: publishes started up to {run.max_schedule_lag_ms:,.0f} ms late "
-            "(the machine was busy); both publishers were equally affected"
+            "(the machine was busy); every publisher was equally affected"
         )
     for name, count in run.missing.items():
         if count:

@@ -74,6 +74,18 @@ _FAULT_HELP = (
     help='With --iam enforce: project-level policy for every project, {"bindings": [{"role": ..., '
     '"members": [...]}]}.',
 )
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve TLS with this PEM certificate chain (with --tls-key); clients connect to https://HOST:PORT.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The PEM private key of --tls-cert.",
+)
 def serve(
     host: str,
     port: int,
@@ -85,6 +97,8 @@ def serve(
     iam_mode: str,
     iam_tokens: Path | None,
     iam_policy: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -105,6 +119,10 @@ def serve(
         raise click.BadParameter(str(error), param_hint=f"'{option}'") from None
 
     iam = _iam_config(iam_mode, iam_tokens, iam_policy)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError(
+            "--tls-cert and --tls-key go together: give both (or neither, for plain text)."
+        )
 
     if not in_memory:
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
@@ -122,12 +140,21 @@ def serve(
         if iam is not None:
             click.echo(f"IAM enforcement on: {iam!r}", err=True)
         elapsed = time.perf_counter() - started
-        click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
-        click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+        if server.tls:
+            # PUBSUB_EMULATOR_HOST means plain text to every client, so it cannot point at a TLS port.
+            click.echo(
+                f"ready in {elapsed:.2f} s; Ctrl-C to stop. TLS with {tls_cert}; connect with:", err=True
+            )
+            click.echo(f"endpoint=https://{server.address}")
+        else:
+            click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
+            click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
         sys.stdout.flush()
 
     try:
-        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam))
+        asyncio.run(
+            _run(host, port, None if in_memory else data_dir, injector, announce, iam, tls_cert, tls_key)
+        )
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
@@ -135,6 +162,10 @@ def serve(
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
+    except ValueError as error:  # a --tls-cert or --tls-key file that holds no PEM
+        if announced:
+            raise
+        raise click.BadParameter(str(error), param_hint="'--tls-cert' / '--tls-key'") from None
     counts = injector.counts
     if counts.calls:
         click.echo(
@@ -152,6 +183,8 @@ async def _run(
     injector: FaultInjector,
     announce: Callable[[AsyncLocalServer], None],
     iam: IamConfig | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
@@ -178,6 +211,8 @@ async def _run(
         on_started=announce,
         stop=stop,
         grace=1.0,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
 
 

@@ -52,7 +52,8 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead.
+    :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
+    ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
     """
 
     def __init__(
@@ -66,7 +67,13 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError(
+                "TLS needs both tls_cert (PEM certificate chain) and tls_key (its PEM private key)"
+            )
         if faults is None:
             faults = FaultInjector()
         if iam is not None and authorizer is not None:
@@ -81,17 +88,37 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
         self.core: PubSubCore | None = None
         self.port = 0
 
     @property
     def address(self) -> str:
-        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``)."""
+        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``, or ``https://`` + it under TLS)."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
+        return self.tls_cert is not None
+
+    def _server_credentials(self) -> grpc.ServerCredentials:
+        assert self.tls_cert is not None and self.tls_key is not None
+        try:
+            chain = Path(self.tls_cert).read_bytes()
+            key = Path(self.tls_key).read_bytes()
+        except OSError as error:
+            raise OSError(f"cannot read the TLS certificate or key: {error}") from error
+        for what, data, marker in (("tls_cert", chain, b"CERTIFICATE"), ("tls_key", key, b"PRIVATE KEY")):
+            if b"-----BEGIN" not in data or marker not in data:
+                raise ValueError(f"{what} ({os.fspath(getattr(self, what))}) holds no PEM {marker.decode()}")
+        return grpc.ssl_server_credentials([(key, chain)])
 
     async def start(self) -> None:
         """Open the store, load what it holds, and start serving."""
+        credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
         store = open_store(self.data_dir, self.in_memory)
         core = PubSubCore(store, clock=self._clock)
         loop = asyncio.get_running_loop()
@@ -105,7 +132,10 @@ class AsyncLocalServer:
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
         where = f"{self.host}:{self.requested_port}"
         try:
-            port = server.add_insecure_port(where)
+            if credentials is not None:
+                port = server.add_secure_port(where, credentials)
+            else:
+                port = server.add_insecure_port(where)
             if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
                 raise RuntimeError(f"Failed to bind to address {where}")
         except RuntimeError as error:
@@ -141,7 +171,7 @@ class AsyncLocalServer:
     def __repr__(self) -> str:
         where = "in memory" if self.in_memory else f"data_dir={str(self.data_dir)!r}"
         state = f"serving on {self.address}" if self._server is not None else "stopped"
-        return f"<AsyncLocalServer {state}, {where}>"
+        return f"<AsyncLocalServer {state}{' over TLS' if self.tls else ''}, {where}>"
 
 
 async def serve(
@@ -156,13 +186,23 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
     """
     server = AsyncLocalServer(
-        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+        host,
+        port,
+        data_dir=data_dir,
+        in_memory=in_memory,
+        faults=faults,
+        iam=iam,
+        authorizer=authorizer,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     await server.start()
     try:
@@ -182,7 +222,7 @@ class LocalServer:
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`).
+    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS.
     """
 
     def __init__(
@@ -195,10 +235,20 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+            host,
+            port,
+            data_dir=data_dir,
+            in_memory=in_memory,
+            faults=faults,
+            iam=iam,
+            authorizer=authorizer,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -213,6 +263,11 @@ class LocalServer:
     def host(self) -> str:
         """The host the server listens on."""
         return self._server.host
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (clients use ``endpoint="https://" + address``)."""
+        return self._server.tls
 
     @property
     def port(self) -> int:
