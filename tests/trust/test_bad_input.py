@@ -169,7 +169,7 @@ DOCUMENTED = frozenset(
     }
 )
 #: Further codes documented for some methods: snapshots and seek are not served by the local server
-#: (UNIMPLEMENTED, naming what is missing), nor are export subscriptions and exactly-once delivery;
+#: (UNIMPLEMENTED, naming what is missing), nor are export subscriptions;
 #: SetIamPolicy answers ABORTED to a stale etag.
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{

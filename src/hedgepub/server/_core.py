@@ -444,42 +444,65 @@ class PubSubCore:
         if state is not None:
             state.notify()
 
-    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> None:
-        """Acknowledge: unknown or expired ack IDs are ignored, as the real service does."""
+    async def acknowledge(self, subscription: str, ack_ids: Sequence[str], *, report: bool = True) -> None:
+        """Acknowledge. Unknown or expired ack IDs are ignored, as the real service does, unless the
+        subscription has exactly-once delivery: then each one fails (once the others are acknowledged)
+        with the per-ack-ID details of :func:`~._limits.ack_id_failures`. ``report=False`` (StreamingPull,
+        whose answer to them would be a confirmation this server does not send) drops those failures.
+        """
         state = self._subscription(subscription)
-        self._check_ack_ids(ack_ids)
+        failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
             await self._store.ack(subscription, done)
+        if failures and report:
+            raise limits.ack_id_failures(failures)
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
-        """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now."""
+        """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
+        delivery, ack IDs without a valid lease fail as in :meth:`acknowledge`."""
         state = self._subscription(subscription)
         limits.check_ack_deadline(seconds, allow_zero=True, field="ack_deadline_seconds")
-        self._check_ack_ids(ack_ids)
+        failures = self._check_ack_ids(state, ack_ids)
         state.modify(ack_ids, seconds)
+        if failures:
+            raise limits.ack_id_failures(failures)
 
     def modify_each(self, subscription: str, ack_ids: Sequence[str], seconds: Sequence[int]) -> None:
-        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds."""
+        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds (failures of ack IDs
+        are not reported: see :meth:`acknowledge`)."""
         state = self._subscription(subscription)
         if len(ack_ids) != len(seconds):
             raise invalid(
                 "modify_deadline_seconds and modify_deadline_ack_ids must have the same length "
                 f"(got {len(seconds)} and {len(ack_ids)})."
             )
-        self._check_ack_ids(ack_ids)
+        self._check_ack_ids(state, ack_ids)
         for value in seconds:
             limits.check_ack_deadline(value, allow_zero=True, field="modify_deadline_seconds")
         for ack_id, value in zip(ack_ids, seconds, strict=True):
             state.modify((ack_id,), value)
 
-    def _check_ack_ids(self, ack_ids: Sequence[str]) -> None:
+    @staticmethod
+    def _check_ack_ids(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, str]:
+        """Refuse an empty list; return the ack IDs that fail under exactly-once delivery (none without it).
+
+        Without exactly-once a malformed ack ID fails the whole request; with it, it is one more failed
+        ack ID, as is one that is unknown, expired or superseded by a later delivery of its message.
+        """
         if not ack_ids:
             raise invalid("No ack IDs were given; at least one ack ID is required.")
+        exactly_once = state.config.enable_exactly_once_delivery
+        failures: dict[str, str] = {}
         for ack_id in ack_ids:
             prefix, _, number = ack_id.partition("-")
             if len(prefix) != 8 or not number.isdigit():
-                raise invalid(f"You have passed an invalid ack ID to the service (ack_id={ack_id}).")
+                if not exactly_once:
+                    raise invalid(f"You have passed an invalid ack ID to the service (ack_id={ack_id}).")
+                failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
+            elif exactly_once and ack_id not in state.leases:
+                failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
+        return failures
 
     # ----------------------------------------------------------------- IAM
     def _iam_resource(self, resource: str) -> None:
