@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
+from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
@@ -37,16 +38,18 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
+def open_store(
+    data_dir: str | os.PathLike[str] | None, in_memory: bool, *, keep_unsubscribed: bool = False
+) -> Store:
     """The store for a server: in memory, or SQLite in ``data_dir``."""
     if in_memory:
-        return MemoryStore()
+        return MemoryStore(keep_unsubscribed=keep_unsubscribed)
     if data_dir is None:
         raise ValueError("data_dir is required unless in_memory=True")
     from hedgepub.server._sqlite import SqliteStore
 
     try:
-        return SqliteStore(database_path(data_dir))
+        return SqliteStore(database_path(data_dir), keep_unsubscribed=keep_unsubscribed)
     except sqlite3.Error as error:
         raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
@@ -61,6 +64,9 @@ class AsyncLocalServer:
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
     :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
     ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
+    ``keep_unsubscribed=True`` keeps the messages published while their topic has no subscription (the
+    real service drops them; :class:`LocalServer` keeps them so that ``messages(topic)`` shows them).
+    ``window``: ready messages held in memory per subscription.
     ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
     answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
     service does not do this).
@@ -77,6 +83,8 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        keep_unsubscribed: bool = False,
+        window: int = DEFAULT_WINDOW,
         dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
@@ -99,6 +107,8 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        self.keep_unsubscribed = keep_unsubscribed
+        self._window = window
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
         self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
         self.tls_cert = tls_cert
@@ -151,8 +161,8 @@ class AsyncLocalServer:
             lock.release()
 
     async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
-        store = open_store(self.data_dir, self.in_memory)
-        core = PubSubCore(store, clock=self._clock)
+        store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
+        core = PubSubCore(store, clock=self._clock, window=self._window)
         loop = asyncio.get_running_loop()
         try:
             # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
@@ -263,7 +273,10 @@ class LocalServer:
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS.
+    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS. Messages
+    published while a topic has no subscription are kept, so that :meth:`messages` shows them;
+    ``keep_unsubscribed=False`` drops them, as the real service does (for long runs, where they would
+    only fill memory or disk).
     """
 
     def __init__(
@@ -276,6 +289,8 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        keep_unsubscribed: bool = True,
+        window: int = DEFAULT_WINDOW,
         dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
@@ -289,6 +304,8 @@ class LocalServer:
             faults=faults,
             iam=iam,
             authorizer=authorizer,
+            keep_unsubscribed=keep_unsubscribed,
+            window=window,
             dedup_hedges=dedup_hedges,
             tls_cert=tls_cert,
             tls_key=tls_key,
@@ -413,7 +430,11 @@ class LocalServer:
         return core
 
     def messages(self, topic: str) -> list[StoredMessage]:
-        """Every message stored on ``topic`` (full name), in publish order."""
+        """Every message still stored on ``topic`` (full name), in publish order.
+
+        That is every message published while the topic had no subscription (unless
+        ``keep_unsubscribed=False``), and those some subscription has not acknowledged yet.
+        """
 
         async def read() -> list[StoredMessage]:
             return self._core().messages(topic)
