@@ -29,7 +29,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
@@ -60,6 +60,9 @@ from hedgepub._transport import (
     request_metadata,
     resolve_endpoint,
 )
+
+if TYPE_CHECKING:
+    from hedgepub._otel import BatchTrace, PublisherTelemetry
 
 _LOGGER = logging.getLogger("hedgepub")
 
@@ -109,6 +112,22 @@ def _idempotency_attribute(value: object) -> str | None:
             "not starting with 'goog'"
         )
     return value
+
+
+def _telemetry(core: _PublisherCore, tracer_provider: Any, meter_provider: Any) -> PublisherTelemetry:
+    """The OpenTelemetry instrumentation of ``core`` (imported only when a client asks for it)."""
+    try:
+        from hedgepub._otel import PublisherTelemetry
+    except ImportError as error:
+        raise ImportError(
+            f"enable_open_telemetry=True needs the OpenTelemetry API ({error}): pip install 'hedgepub[otel]'"
+        ) from error
+    return PublisherTelemetry(
+        core._id_prefix,
+        weakref.WeakMethod(core.gauge_values),
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+    )
 
 
 def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +189,9 @@ class _PublisherCore:
         hedge_transports: Sequence[Transport] | None = None,
         idempotency_attribute: bool | str = False,
         root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -229,6 +251,9 @@ class _PublisherCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._id_prefix = uuid.uuid4().hex[:16]
+        if not enable_open_telemetry and (tracer_provider is not None or meter_provider is not None):
+            raise ValueError("tracer_provider and meter_provider need enable_open_telemetry=True")
+        self.telemetry = _telemetry(self, tracer_provider, meter_provider) if enable_open_telemetry else None
         self.idempotency_attribute = _idempotency_attribute(idempotency_attribute)
         # 128 random bits per publisher, then a count: unique across publishers and processes.
         self._key_prefix = uuid.uuid4().hex
@@ -498,6 +523,7 @@ class _PublisherCore:
 
     async def _publish(self, batch: Batch) -> None:
         outcome: BatchOutcome | None = None
+        traced: BatchTrace | None = None
         # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
         sent = {"attempts": 0, "hedges": 0}
         started = self.clock.now()
@@ -505,6 +531,8 @@ class _PublisherCore:
         clock = self.clock
         try:
             routes.transport(0)  # the primary's channel opens before the first attempt, as it always did
+            if self.telemetry is not None:
+                traced = self.telemetry.start_batch(batch)
             request = batch.request
             topic = batch.topic
             batch_id = batch.batch_id
@@ -529,7 +557,7 @@ class _PublisherCore:
                 return ids
 
             outcome = await run_batch(
-                attempt,
+                attempt if traced is None else traced.wrap(attempt),
                 message_count=len(batch.futures),
                 retry=self.retry,
                 hedging=self.hedging,
@@ -550,10 +578,14 @@ class _PublisherCore:
             )
             try:
                 self.stats_recorder.record_batch(len(batch.futures), cut_off)
+                if traced is not None:
+                    traced.end(cut_off)
             finally:
                 self._fail(batch, error, counted=True)
             raise
         except BaseException as error:
+            if traced is not None:
+                traced.end(None, error)
             self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)
             if not isinstance(error, Exception):
                 raise
@@ -561,6 +593,8 @@ class _PublisherCore:
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
             routes.record_win(outcome.winner_attempt)
+            if traced is not None:
+                traced.end(outcome)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
@@ -632,6 +666,13 @@ class _PublisherCore:
         with self._lock:
             self._paused.discard((topic, ordering_key))
 
+    def gauge_values(self) -> tuple[float, float]:
+        """(tokens in the bucket, hedge delay in seconds) now; zeros without hedging (any thread)."""
+        if self.hedging is None:
+            return 0.0, 0.0
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.bucket.tokens, delay  # type: ignore[union-attr]
+
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         endpoints = self.routes.snapshot()
@@ -682,6 +723,8 @@ class _PublisherCore:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             self.state = ClientState.CLOSED
+            if self.telemetry is not None:
+                self.telemetry.close()
             await self.routes.close()
 
 
@@ -697,6 +740,8 @@ _FACADE_DEFAULTS: dict[str, Any] = {
     "enable_message_ordering": False,
     "endpoint": None,
     "credentials": None,
+    "enable_open_telemetry": False,
+    "tracer_provider": None,
 }
 
 
@@ -721,6 +766,9 @@ class _ClientFacade:
         publisher_options: Any = None,
         client_options: Any = None,
         root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         transport: Transport | None = None,
         hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
@@ -734,6 +782,8 @@ class _ClientFacade:
             "enable_message_ordering": enable_message_ordering,
             "endpoint": endpoint,
             "credentials": credentials,
+            "enable_open_telemetry": enable_open_telemetry,
+            "tracer_provider": tracer_provider,
         }
         if official_keywords:
             refuse_official_keywords(official_keywords)
@@ -752,8 +802,6 @@ class _ClientFacade:
             arguments = translate(
                 {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
             )
-        if arguments.pop("enable_open_telemetry", False):
-            raise ValueError("OpenTelemetry tracing is not available in this version of hedgepub")
         self._core = _PublisherCore(
             **arguments,
             transport=transport,
@@ -763,7 +811,18 @@ class _ClientFacade:
             hedge_transports=hedge_transports,
             idempotency_attribute=idempotency_attribute,
             root_certificates=root_certificates,
+            meter_provider=meter_provider,
         )
+        telemetry = self._core.telemetry
+        if telemetry is not None:
+            # Traced publishing replaces publish on this instance only: an untraced client runs the
+            # plain method, with not even a check for telemetry on its hot path.
+            plain = self.publish
+            self.publish = (  # type: ignore[method-assign]
+                telemetry.traced_sync_publish(plain)
+                if self._sync_futures
+                else telemetry.traced_async_publish(plain)
+            )
         self._start()
 
     def _start(self) -> None:
@@ -867,6 +926,10 @@ class PublisherClient(_ClientFacade):
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
         root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
             CA, or ``hedgepub serve --tls-cert``).
+        enable_open_telemetry: emit OpenTelemetry spans (compatible with the official client's) and metrics
+            through the OpenTelemetry API; see :mod:`hedgepub._otel`. Off by default.
+        tracer_provider, meter_provider: where the spans and metrics go with ``enable_open_telemetry``;
+            default: the global providers.
 
     ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
     ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what

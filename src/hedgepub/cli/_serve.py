@@ -16,6 +16,7 @@ import click
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, FaultInjector, IamConfig
+    from hedgepub.server._hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
 #: directory, so each project gets its own, and a .gitignore entry keeps it out of version control).
@@ -75,6 +76,13 @@ _FAULT_HELP = (
     '"members": [...]}]}.',
 )
 @click.option(
+    "--dedup-hedges",
+    is_flag=True,
+    help="Store the attempts of one hedged batch (same hedgepub-batch-id metadata) once: a later attempt "
+    "of a committed batch gets the first one's message IDs. Off by default; Google Cloud Pub/Sub does "
+    "not do this.",
+)
+@click.option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
@@ -97,6 +105,7 @@ def serve(
     iam_mode: str,
     iam_tokens: Path | None,
     iam_policy: Path | None,
+    dedup_hedges: bool,
     tls_cert: Path | None,
     tls_key: Path | None,
 ) -> None:
@@ -110,7 +119,7 @@ def serve(
         raise click.UsageError("--data-dir and --in-memory exclude each other: choose one.")
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
-    from hedgepub.server import FaultInjector
+    from hedgepub.server import DataDirError, FaultInjector
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
@@ -126,7 +135,7 @@ def serve(
 
     if not in_memory:
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # created, locked and checked by the server itself, which reports a problem in one line
     storage = "in memory (lost on exit)" if in_memory else f"SQLite in {data_dir}"
 
     announced = False
@@ -139,6 +148,8 @@ def serve(
             click.echo(f"fault injection on {name}: {rule}", err=True)
         if iam is not None:
             click.echo(f"IAM enforcement on: {iam!r}", err=True)
+        if dedup_hedges:
+            click.echo("dedup-hedges on: a hedged batch is stored once (the real service does not)", err=True)
         elapsed = time.perf_counter() - started
         if server.tls:
             # PUBSUB_EMULATOR_HOST means plain text to every client, so it cannot point at a TLS port.
@@ -151,14 +162,28 @@ def serve(
             click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
         sys.stdout.flush()
 
+    dedup_counts: list[HedgeDedupCounts] = []
     try:
         asyncio.run(
-            _run(host, port, None if in_memory else data_dir, injector, announce, iam, tls_cert, tls_key)
+            _run(
+                host,
+                port,
+                None if in_memory else data_dir,
+                injector,
+                announce,
+                iam,
+                tls_cert,
+                tls_key,
+                dedup_hedges=dedup_hedges,
+                report=dedup_counts.append,
+            )
         )
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
-    except OSError as error:  # the server never started (address taken, data directory unusable, ...)
+    except DataDirError as error:  # in use by another server, cannot be written, damaged database
+        raise click.ClickException(str(error)) from None
+    except OSError as error:  # the server never started (address taken, ...)
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
@@ -174,6 +199,12 @@ def serve(
             + (f", {counts.stalled} stalled" if counts.stalled else ""),
             err=True,
         )
+    for dedup in dedup_counts:
+        click.echo(
+            f"dedup-hedges: {dedup.stored} batches stored, {dedup.answered_from_window} repeated attempts "
+            "answered with their batch's first message IDs",
+            err=True,
+        )
 
 
 async def _run(
@@ -185,12 +216,20 @@ async def _run(
     iam: IamConfig | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    *,
+    dedup_hedges: bool = False,
+    report: Callable[[HedgeDedupCounts], object] | None = None,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    servers: list[AsyncLocalServer] = []
+
+    def started(server: AsyncLocalServer) -> None:
+        servers.append(server)  # kept to read its dedup counts once it stops
+        announce(server)
 
     def request_stop(signum: signal.Signals) -> None:
         if stop.is_set():
@@ -208,12 +247,16 @@ async def _run(
         in_memory=data_dir is None,
         faults=injector,
         iam=iam,
-        on_started=announce,
+        on_started=started,
         stop=stop,
         grace=1.0,
+        dedup_hedges=dedup_hedges,
         tls_cert=tls_cert,
         tls_key=tls_key,
     )
+    for server in servers:
+        if server.hedge_dedup is not None and report is not None:
+            report(server.hedge_dedup.counts)
 
 
 def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:

@@ -29,6 +29,7 @@ from hedgepub._status import StatusCode
 from hedgepub.server import _limits as limits
 from hedgepub.server import _resources as resources
 from hedgepub.server._delivery import (
+    DEFAULT_WINDOW,
     MAX_MESSAGES_PER_RESPONSE,
     Consumer,
     Leasing,
@@ -55,13 +56,22 @@ class PubSubCore:
 
     ``clock`` drives leases and waits. ``wall_clock_ns`` is the calendar time in nanoseconds since the
     epoch, which ``publish_time`` and message retention are about; replace it (it is a plain attribute)
-    to test retention without waiting for it.
+    to test retention without waiting for it. ``window`` is how many ready messages each subscription
+    holds in memory; the rest of its backlog is read from the store in pages as it drains.
     """
 
     def __init__(
-        self, store: Store, clock: Clock = DEFAULT_CLOCK, wall_clock_ns: Callable[[], int] = time.time_ns
+        self,
+        store: Store,
+        clock: Clock = DEFAULT_CLOCK,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
+        *,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1; got {window}")
         self._store = store
+        self._window = window
         self._clock = clock
         self.wall_clock_ns = wall_clock_ns
         self._topics: dict[str, Any] = {}
@@ -69,7 +79,7 @@ class PubSubCore:
         self._attached: dict[str, dict[str, SubscriptionState]] = {}
         self._policies: dict[str, Any] = {}
         self._next_sequence = 1
-        self._leasing = Leasing(clock, self._dead_letter)
+        self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
         self._expiration = ExpirationWatch(clock, self._expire_subscription)
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
@@ -77,7 +87,7 @@ class PubSubCore:
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
-        """Take back what the store holds (topics, subscriptions, policies, unacked messages)."""
+        """Take back what the store holds (topics, subscriptions, policies); backlogs are read lazily."""
         snapshot = snapshot if snapshot is not None else self._store.load()
         self._topics = dict(snapshot.topics)
         self._policies = dict(snapshot.policies)
@@ -86,16 +96,18 @@ class PubSubCore:
         self._subscriptions = {}
         self._attached = {}
         for name, config in snapshot.subscriptions.items():
-            state = SubscriptionState(config, self._leasing)
+            state = self._new_state(config)
+            state.more = not config.detached  # its backlog, if any, is read when first needed
             self._subscriptions[name] = state
             self._expiration.watch(config)
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
-            pending = snapshot.pending.get(name)
-            if pending and not config.detached:
-                refused = state.add(pending)
-                if refused:  # a crash came between a publish and the ack of what the filter refused
-                    self._spawn(self._store.ack(name, refused))
+
+    def _new_state(self, config: Any) -> SubscriptionState:
+        """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
+        state = SubscriptionState(config, self._leasing, self._store.pending, self._window)
+        state.more = False
+        return state
 
     async def close(self) -> None:
         """Stop timers and background work, and close the store."""
@@ -128,7 +140,12 @@ class PubSubCore:
 
     def is_idle(self) -> bool:
         """No message is waiting or leased on any subscription."""
-        return all(state.backlog_size() == 0 for state in self._subscriptions.values())
+        for state in self._subscriptions.values():
+            if state.backlog_size() == 0:
+                state.refill()  # the store may hold a backlog not read yet
+            if state.backlog_size():
+                return False
+        return True
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -204,6 +221,12 @@ class PubSubCore:
         dropped = [pending.sequence for pending in state.drain()]
         if dropped:
             await self._store.ack(name, dropped)
+        # And what is still only in the store, a page at a time.
+        state.more = False
+        after = state.cursor
+        while page := self._store.pending(name, after, MAX_MESSAGES_PER_RESPONSE):
+            after = page[-1][0]
+            await self._store.ack(name, [sequence for sequence, _ in page])
         state.notify()
 
     # ----------------------------------------------------------------- publish
@@ -275,7 +298,7 @@ class PubSubCore:
         if config.topic not in self._topics:
             await self._store.delete("subscriptions", name)
             raise not_found(config.topic)
-        state = SubscriptionState(config, self._leasing)
+        state = self._new_state(config)
         self._subscriptions[name] = state
         self._attached.setdefault(config.topic, {})[name] = state
         self._expiration.watch(config)
@@ -337,7 +360,7 @@ class PubSubCore:
 
     def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
-        if not state.ready:
+        if not state.ready and not state.more:
             return []
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
@@ -346,6 +369,11 @@ class PubSubCore:
         if expired:
             self._spawn(self._store.ack(state.name, expired))
         return out
+
+    def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
+        # Read from the store but never to be delivered (a filter refused them before a crash let the
+        # publish-time acknowledgement happen): acknowledged now, in the background.
+        self._spawn(self._store.ack(state.name, sequences))
 
     def _dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
         self._spawn(self._forward_dead_letter(state, pending, topic))

@@ -25,6 +25,7 @@ from google.rpc import status_pb2
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
 from hedgepub.server._resources import page
 
@@ -62,6 +63,13 @@ def _parser(message_class: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
 def _field(request: Any, path: str) -> str:
     value = request
     for part in path.split("."):
@@ -72,10 +80,17 @@ def _field(request: Any, path: str) -> str:
 class PubSubServicer:
     """Every implemented RPC, as coroutines taking ``(request, context)``."""
 
-    def __init__(self, core: PubSubCore, authorizer: _iam.Authorizer | None = None) -> None:
+    def __init__(
+        self,
+        core: PubSubCore,
+        authorizer: _iam.Authorizer | None = None,
+        hedge_window: HedgeBatchWindow | None = None,
+    ) -> None:
         self.core = core
         self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
         self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
+        #: ``--dedup-hedges``: attempts of one hedged batch are stored once (off: None).
+        self.hedge_window = hedge_window
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
@@ -117,7 +132,19 @@ class PubSubServicer:
         return _pb.DetachSubscriptionResponse.pb()()
 
     async def Publish(self, request: Any, context: Any) -> Any:
-        ids = await self.core.publish(request.topic, request.messages, request.ByteSize())
+        size = request.ByteSize()
+        window = self.hedge_window
+        if window is not None:
+            batch_id = _metadata_value(context, BATCH_ID_METADATA)
+            if batch_id:
+                ids = await window.publish_once(
+                    request.topic,
+                    batch_id,
+                    (len(request.messages), size),
+                    lambda: self.core.publish(request.topic, request.messages, size),
+                )
+                return _PublishResponse(message_ids=ids)
+        ids = await self.core.publish(request.topic, request.messages, size)
         return _PublishResponse(message_ids=ids)
 
     # ------------------------------------------------------------ Subscriber
