@@ -82,6 +82,10 @@ class PubSubCore:
         self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
         self._expiration = ExpirationWatch(clock, self._expire_subscription)
+        #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
+        #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
+        self.may_forward: Callable[[str, str], bool] | None = None
+        self._refused_forwarding: set[tuple[str, str]] = set()
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
 
@@ -387,7 +391,8 @@ class PubSubCore:
         """
         forwarded = False
         try:
-            if topic in self._topics:  # the real service keeps the message when the topic is missing
+            if topic in self._topics and not self._forwarding_refused(state.name, topic):
+                # (the real service keeps the message when the topic is missing, or may not be published to)
                 # Not through publish(): the copy is the service's own, and the attributes it gains may take
                 # a message that was at the 100-attribute limit past it; that must not drop the message.
                 await self._append(topic, [dead_letter_copy(state.name, pending)])
@@ -402,6 +407,20 @@ class PubSubCore:
             )
         finally:
             state.forwarded(pending, forwarded)
+
+    def _forwarding_refused(self, subscription: str, topic: str) -> bool:
+        if self.may_forward is None or self.may_forward(subscription, topic):
+            self._refused_forwarding.discard((subscription, topic))
+            return False
+        if (subscription, topic) not in self._refused_forwarding:  # once, not at every nack
+            self._refused_forwarding.add((subscription, topic))
+            logger.warning(
+                "Not forwarding from %s to the dead-letter topic %s: the topic does not grant its forwarding "
+                "identity pubsub.topics.publish; messages stay for redelivery.",
+                subscription,
+                topic,
+            )
+        return True
 
     def open_consumer(
         self, subscription: str, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0

@@ -176,6 +176,7 @@ class AsyncLocalServer:
         authorizer = self._authorizer
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
+            core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         where = f"{self.host}:{self.requested_port}"

@@ -97,6 +97,10 @@ class PubSubServicer:
         if not self._enforcing:
             return
         metadata = tuple(context.invocation_metadata() or ())
+        # Who the caller is comes first: nothing is looked up for a caller without a known token.
+        authenticate = getattr(self.authorizer, "authenticate", None)
+        if authenticate is not None:
+            authenticate(metadata)
         for permission, path, on_topic in _iam.RPC_PERMISSIONS.get(method, ()):
             resource = _field(request, path)
             if on_topic:
@@ -149,12 +153,21 @@ class PubSubServicer:
 
     # ------------------------------------------------------------ Subscriber
     async def CreateSubscription(self, request: Any, context: Any) -> Any:
+        if request.HasField("dead_letter_policy"):
+            self._check_dead_letter_topic(request.name, request.dead_letter_policy)
         return await self.core.create_subscription(request)
+
+    def _check_dead_letter_topic(self, subscription: str, policy: Any) -> None:
+        """While enforcing: the service must be allowed to publish to the dead-letter topic it would use."""
+        if isinstance(self.authorizer, _iam.IamEnforcer) and policy.dead_letter_topic:
+            self.authorizer.check_dead_letter_topic(subscription, policy.dead_letter_topic)
 
     async def GetSubscription(self, request: Any, context: Any) -> Any:
         return self.core.get_subscription(request.subscription)
 
     async def UpdateSubscription(self, request: Any, context: Any) -> Any:
+        if "dead_letter_policy" in request.update_mask.paths:
+            self._check_dead_letter_topic(request.subscription.name, request.subscription.dead_letter_policy)
         return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
 
     async def ListSubscriptions(self, request: Any, context: Any) -> Any:
@@ -311,9 +324,24 @@ class PubSubServicer:
         return await self.core.set_policy(request.resource, request.policy)
 
     async def TestIamPermissions(self, request: Any, context: Any) -> Any:
-        self.core.check_iam_resource(request.resource)
-        _iam.check_testable(request.resource, request.permissions)
         metadata = tuple(context.invocation_metadata() or ())
+        if not self._enforcing:
+            self.core.check_iam_resource(request.resource)
+            _iam.check_testable(request.resource, request.permissions)
+            granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
+        # Enforcing: the caller's token (already checked by authorize) and what it holds come before any
+        # lookup. A caller holding nothing on the resource gets the same empty answer whether it exists or
+        # not, so TestIamPermissions cannot tell it which topics exist; one holding something (who could
+        # GetTopic anyway, or reads the resource's own policy) learns NOT_FOUND as before.
+        _iam.check_testable(request.resource, request.permissions)
+        applicable = (
+            _iam.SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in request.resource else _iam.TOPIC_PERMISSIONS
+        )
+        holds_any = await self.authorizer.granted(metadata, request.resource, sorted(applicable))
+        if not holds_any:
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=[])
+        self.core.check_iam_resource(request.resource)
         granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
 
