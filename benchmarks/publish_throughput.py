@@ -177,10 +177,18 @@ def _otel_child(
 
 
 def otel_comparison(
-    address: str, context: multiprocessing.context.SpawnContext, messages: int, rounds: int
+    address: str,
+    context: multiprocessing.context.SpawnContext,
+    messages: int,
+    rounds: int,
+    variants: list[str] | None = None,
 ) -> int:
     """The --otel run: every variant once per round in its own child process; medians and ratios."""
-    results: dict[str, list[float]] = {name: [] for name, *_ in OTEL_VARIANTS}
+    chosen = set(variants or ()) | {"without", "off"} if variants else {name for name, *_ in OTEL_VARIANTS}
+    unknown = chosen - {name for name, *_ in OTEL_VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown --otel-variants: {', '.join(sorted(unknown))}")
+    results: dict[str, list[float]] = {name: [] for name, *_ in OTEL_VARIANTS if name in chosen}
     names = list(results)
     for round_number in range(rounds):
         order = names[round_number % len(names) :] + names[: round_number % len(names)]
@@ -220,11 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
     )
+    parser.add_argument(
+        "--otel-variants",
+        default=None,
+        help="with --otel, the variants to run, comma-separated (without and off always run): "
+        + ",".join(name for name, *_ in OTEL_VARIANTS),
+    )
     options = parser.parse_args(argv)
     if options.otel:
         context = multiprocessing.get_context("spawn")
         with local_server(context) as address:
-            return otel_comparison(address, context, options.messages, options.rounds)
+            variants = options.otel_variants.split(",") if options.otel_variants else None
+            return otel_comparison(address, context, options.messages, options.rounds, variants)
 
     results: dict[str, list[float]] = {"off": [], "on": [], "official": []}
     hedges = 0
