@@ -46,7 +46,10 @@ _KEEP = 0
 #: and at least ``_VACUUM_MIN_PAGES``; below that SQLite reuses them for new rows, which is cheaper.
 _VACUUM_SHARE = 0.25
 _VACUUM_MIN_PAGES = 2048
-_VACUUM_STEP_PAGES = 4096
+#: At most this many pages (8 MiB) go back per step, so that one step holds up the writer only briefly.
+_VACUUM_STEP_PAGES = 2048
+#: Commits between two looks at the free pages.
+_VACUUM_CHECK_EVERY = 16
 
 _Operation = Callable[[sqlite3.Connection], None]
 
@@ -86,7 +89,6 @@ class SqliteStore:
         self._next_id = last_id + 1
         self._writer_thread: threading.Thread | None = None
         self._closed = False
-        self._commits_since_vacuum_check = 0
         # Messages parsed for recent pages, shared by every subscription that reads them: with many
         # subscriptions on one topic, one parsed copy serves all of them instead of one copy each.
         self._parsed: collections.OrderedDict[int, Any] = collections.OrderedDict()
@@ -101,7 +103,7 @@ class SqliteStore:
         connection.execute(f"PRAGMA synchronous={self._synchronous}")
         connection.execute("PRAGMA busy_timeout=10000")
         # The WAL is truncated back to this after a checkpoint, so a burst does not leave a large file.
-        connection.execute("PRAGMA journal_size_limit=67108864")
+        connection.execute("PRAGMA journal_size_limit=16777216")
         connection.executescript(_SCHEMA)
         return connection
 
@@ -211,9 +213,17 @@ class SqliteStore:
 
     def _write_loop(self) -> None:
         connection = self._connect()
+        # Whether free pages may be worth giving back: looked at after every _VACUUM_CHECK_EVERY commits,
+        # and whenever the queue has been empty for a quarter second (so an idle server shrinks its file).
+        vacuum_due = False
+        commits = 0
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=0.25) if vacuum_due else self._queue.get()
+                except queue.Empty:
+                    vacuum_due = self._vacuum_step(connection)
+                    continue
                 if item is None:
                     return
                 group = [item]
@@ -228,25 +238,35 @@ class SqliteStore:
                         break
                     group.append(more)
                 self._commit(connection, group)
-                self._maybe_vacuum(connection)
                 if stop:
                     return
+                commits += 1
+                if commits % _VACUUM_CHECK_EVERY == 0:
+                    vacuum_due = self._vacuum_step(connection)
         finally:
             connection.close()
 
-    def _maybe_vacuum(self, connection: sqlite3.Connection) -> None:
-        """Now and then, give free pages back to the file system when they are a large share of the file."""
-        self._commits_since_vacuum_check += 1
-        if self._commits_since_vacuum_check < 64:
-            return
-        self._commits_since_vacuum_check = 0
-        (free,) = connection.execute("PRAGMA freelist_count").fetchone()
-        if free < _VACUUM_MIN_PAGES:
-            return
-        (pages,) = connection.execute("PRAGMA page_count").fetchone()
-        if free >= pages * _VACUUM_SHARE:
-            # A no-op on a file created before auto_vacuum was set (SQLite only reuses its free pages).
-            connection.execute(f"PRAGMA incremental_vacuum({_VACUUM_STEP_PAGES})")
+    def _vacuum_step(self, connection: sqlite3.Connection) -> bool:
+        """Give up to ``_VACUUM_STEP_PAGES`` free pages back to the file system if they are a large share
+        of the file; whether more remain to give back.
+
+        Below that share SQLite reuses free pages for new rows, which is cheaper than growing the file
+        again. On a file created before ``auto_vacuum`` was set this does nothing (its free pages are
+        only reused).
+        """
+        try:
+            (free,) = connection.execute("PRAGMA freelist_count").fetchone()
+            (pages,) = connection.execute("PRAGMA page_count").fetchone()
+            if free < _VACUUM_MIN_PAGES or free < pages * _VACUUM_SHARE:
+                return False
+            # Down to a tenth of the file, keeping some free pages for the next rows. executescript, not
+            # execute: the sqlite3 module steps a statement without result columns only once, and
+            # incremental_vacuum frees one page per step.
+            step = min(_VACUUM_STEP_PAGES, free - pages // 10)
+            connection.executescript(f"PRAGMA incremental_vacuum({step});")
+            return free - step >= pages * _VACUUM_SHARE
+        except sqlite3.Error:
+            return False  # best effort: a busy or full disk must not stop the writer
 
     def _commit(self, connection: sqlite3.Connection, group: list[Any]) -> None:
         try:
