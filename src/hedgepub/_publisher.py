@@ -7,7 +7,12 @@ which runs on one asyncio event loop. ``AsyncPublisherClient`` uses it on the ca
 The hot path is built for throughput:
 
 * ``publish`` validates, then adds the message straight into the raw ``PublishRequest`` of the open batch
-  (no proto-plus, no copy, no task per message), under one short lock;
+  (no proto-plus, no copy, no task per message), under that batch's own lock;
+* threads do not wait for each other: messages without an ordering key go into an open batch of the
+  publishing thread's own (per topic), found without any shared lock, so eight threads sharing one client
+  publish as fast as one. The publisher's lock is taken once per batch (to open it and to hand it to the
+  loop), not once per message. Messages with an ordering key share one batch per key whatever the thread,
+  so that a message published after another (in any thread) is never sent before it;
 * batches sealed or opened by another thread are handed to the loop through one queue, with at most one
   ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
 * a batch's futures are resolved together (see :mod:`hedgepub._futures`).
@@ -188,7 +193,9 @@ class _PublisherCore:
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
         self._max_latency = batch_settings.max_latency
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, str], Batch] = {}
+        #: Open batches: ``(topic, ordering_key)`` for ordered ones, ``(topic, "", thread id)`` for the
+        #: others (one per publishing thread). Changed under ``_lock``; read without it on the hot path.
+        self._open: dict[tuple[Any, ...], Batch] = {}
         self._events: list[Batch] = []
         self._wakeup_pending = False
         self._paused: set[tuple[str, str]] = set()
@@ -311,37 +318,87 @@ class _PublisherCore:
 
     def add(self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int) -> Any:
         """Put one validated message into its open batch and return its future."""
+        if not ordering_key:
+            # The fast path: this thread's own open batch, found without the publisher's lock.
+            batch = self._open.get((topic, "", threading.get_ident()))
+            if batch is not None:
+                future = self._append(batch, data, message, size, framed)
+                if future is not None:
+                    return future
+        return self._add_slow(topic, data, ordering_key, message, size, framed)
+
+    def _append(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
+        """Add the message to ``batch`` if it is open with room, and return its future (``None`` if not).
+
+        Seals the batch when it is full, and hands it to the loop. Never called holding ``_lock``: the
+        order is ``_lock``, then a batch's lock.
+        """
+        with batch.lock:
+            if batch.state is not BatchState.OPEN or batch.byte_size + framed > self._max_bytes:
+                return None
+            future = self._put(batch, data, message, size, framed)
+            full = len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes
+        if full:
+            # Sealed under the publisher's lock, as every seal is, so that shutdown (which seals what is
+            # open and then drains, under that lock) never misses a batch sealed at the same moment. No
+            # other thread adds to this batch meanwhile: it is this thread's own.
+            schedule = False
+            with self._lock:
+                self._seal_locked(batch)
+                if self._events and not self._wakeup_pending:
+                    self._wakeup_pending = schedule = True
+            if schedule:
+                self._wake_loop()
+        return future
+
+    def _put(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
+        """Write the message into ``batch`` and make its future (holding the batch's lock)."""
+        if message is None:
+            batch.add_message(data=data)
+        else:
+            batch.append_message(message)
+        batch.byte_size += framed
+        batch.flow_bytes += size
+        if self.sync_futures:
+            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
+        else:
+            future = self._loop.create_future()  # type: ignore[union-attr]
+        batch.futures.append(future)
+        return future
+
+    def _add_slow(
+        self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
+    ) -> Any:
+        """:meth:`add` when a batch must be opened (or the message has an ordering key)."""
         schedule = False
         with self._lock:
             if self.state is not ClientState.OPEN:
                 raise RuntimeError("publish() called after shutdown()")
-            key = (topic, ordering_key)
-            if ordering_key and key in self._paused:
-                return self._paused_future(ordering_key)
+            key: tuple[Any, ...]
+            if ordering_key:
+                key = (topic, ordering_key)
+                if key in self._paused:
+                    return self._paused_future(ordering_key)
+            else:
+                key = (topic, "", threading.get_ident())
             batch = self._open.get(key)
             if batch is not None and batch.byte_size + framed > self._max_bytes:
-                self._seal_locked(key, batch)
+                self._seal_locked(batch)
                 batch = None
             if batch is None:
                 batch = Batch(
-                    topic, ordering_key, f"{self._id_prefix}-{next(self._batch_numbers)}", self.sync_futures
+                    topic,
+                    ordering_key,
+                    f"{self._id_prefix}-{next(self._batch_numbers)}",
+                    self.sync_futures,
+                    open_key=key,
                 )
                 self._open[key] = batch
                 self._events.append(batch)  # to arm its latency timer
-            if message is None:
-                batch.add_message(data=data)
-            else:
-                batch.append_message(message)
-            batch.byte_size += framed
-            batch.flow_bytes += size
-            if self.sync_futures:
-                future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
-            else:
-                future = self._loop.create_future()  # type: ignore[union-attr]
-            futures = batch.futures
-            futures.append(future)
-            if len(futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
-                self._seal_locked(key, batch)
+            with batch.lock:
+                future = self._put(batch, data, message, size, framed)
+            if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
+                self._seal_locked(batch)
             if self._events and not self._wakeup_pending:
                 self._wakeup_pending = schedule = True
         if schedule:
@@ -365,9 +422,14 @@ class _PublisherCore:
         self.stats_recorder.record_failed(1)
         return future
 
-    def _seal_locked(self, key: tuple[str, str], batch: Batch) -> None:
-        del self._open[key]
-        batch.state = BatchState.SEALED
+    def _seal_locked(self, batch: Batch) -> None:
+        """Seal ``batch`` and hand it to the loop (holding ``_lock``), unless it is sealed already."""
+        if self._open.get(batch.open_key) is batch:
+            del self._open[batch.open_key]
+        with batch.lock:
+            if batch.state is not BatchState.OPEN:
+                return
+            batch.state = BatchState.SEALED
         self._events.append(batch)
 
     def _wake_loop(self) -> None:
@@ -385,8 +447,8 @@ class _PublisherCore:
         """Seal every open batch (from any thread): flow control is about to make a caller wait."""
         schedule = False
         with self._lock:
-            for key, batch in list(self._open.items()):
-                self._seal_locked(key, batch)
+            for batch in list(self._open.values()):
+                self._seal_locked(batch)
             if self._events and not self._wakeup_pending:
                 self._wakeup_pending = schedule = True
         if schedule:
@@ -412,12 +474,12 @@ class _PublisherCore:
 
     def _expire(self, batch: Batch) -> None:
         with self._lock:
-            if batch.state is not BatchState.OPEN:
-                return
-            key = (batch.topic, batch.ordering_key)
-            if self._open.get(key) is batch:
-                del self._open[key]
-            batch.state = BatchState.SEALED
+            if self._open.get(batch.open_key) is batch:
+                del self._open[batch.open_key]
+            with batch.lock:
+                if batch.state is not BatchState.OPEN:
+                    return  # sealed (full) since: it is on its way to the loop already
+                batch.state = BatchState.SEALED
         batch.timer = None
         self._dispatch(batch)
 
@@ -576,7 +638,8 @@ class _PublisherCore:
             self._paused.add(key)
             open_batch = self._open.pop(key, None)
             if open_batch is not None:
-                open_batch.state = BatchState.SEALED
+                with open_batch.lock:
+                    open_batch.state = BatchState.SEALED
         queue = self._keys.pop(key, None)
         waiting = list(queue.waiting) if queue is not None else []
         if open_batch is not None:
@@ -613,8 +676,8 @@ class _PublisherCore:
         deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
         with self._lock:
             self.state = ClientState.CLOSING
-            for key, batch in list(self._open.items()):
-                self._seal_locked(key, batch)
+            for batch in list(self._open.values()):
+                self._seal_locked(batch)
         self.flow.close()
         self._drain()
         try:
