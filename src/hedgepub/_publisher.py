@@ -29,6 +29,7 @@ import concurrent.futures
 import enum
 import itertools
 import logging
+import os
 import threading
 import uuid
 import weakref
@@ -202,6 +203,8 @@ class _PublisherCore:
         self._keys: dict[tuple[str, str], _KeyQueue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
+        #: Batches handed to the engine and not finished yet (a forked child fails their copies).
+        self._sending: set[Batch] = set()
         self._send_queue: deque[Batch] = deque()
         self._overheads: dict[str, int] = {}
         self.state = ClientState.OPEN
@@ -210,6 +213,8 @@ class _PublisherCore:
         self._id_prefix = uuid.uuid4().hex[:16]
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
+        #: Why ``publish`` is refused once the state is no longer OPEN.
+        self.refusal = "publish() called after shutdown()"
 
     # ---- binding -------------------------------------------------------------------------------------
 
@@ -283,7 +288,7 @@ class _PublisherCore:
         Refuses a publisher that is shutting down first, before flow control could make the caller wait.
         """
         if self.state is not ClientState.OPEN:
-            raise RuntimeError("publish() called after shutdown()")
+            raise RuntimeError(self.refusal)
         if not isinstance(data, bytes):
             raise TypeError(f"data must be bytes; got {type(data).__name__}")
         if not isinstance(topic, str):
@@ -373,7 +378,7 @@ class _PublisherCore:
         schedule = False
         with self._lock:
             if self.state is not ClientState.OPEN:
-                raise RuntimeError("publish() called after shutdown()")
+                raise RuntimeError(self.refusal)
             key: tuple[Any, ...]
             if ordering_key:
                 key = (topic, ordering_key)
@@ -507,6 +512,7 @@ class _PublisherCore:
             return
         self._in_flight += 1
         batch.state = BatchState.SENDING
+        self._sending.add(batch)
         task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -516,6 +522,7 @@ class _PublisherCore:
             await self._publish(batch)
         finally:
             self._in_flight -= 1
+            self._sending.discard(batch)
             if self._send_queue:
                 self._start(self._send_queue.popleft())
 
@@ -656,6 +663,31 @@ class _PublisherCore:
         with self._lock:
             self._paused.discard((topic, ordering_key))
 
+    def abandon_after_fork(self, error: PublishError, refusal: str) -> None:
+        """In a child process just forked: fail every inherited future and refuse new messages.
+
+        The messages belong to the parent, which publishes them; their copies here can never learn the
+        outcome. Only the forking thread exists in the child, so the locks (which a thread that is gone
+        may have held at the fork) are replaced rather than taken, and so is each batch's condition.
+        """
+        self._lock = threading.Lock()
+        self.state = ClientState.CLOSED
+        self.refusal = refusal
+        batches = [*self._open.values(), *self._events, *self._send_queue, *self._sending]
+        for queue in self._keys.values():
+            batches += queue.waiting
+        self._open, self._events, self._send_queue, self._sending, self._keys = {}, [], deque(), set(), {}
+        for batch in {id(batch): batch for batch in batches}.values():
+            if batch.state is BatchState.DONE:
+                continue
+            batch.state = BatchState.DONE
+            batch.lock = threading.Lock()
+            if batch.condition is not None:
+                batch.condition = threading.Condition()
+                for future in batch.futures:
+                    future._condition = batch.condition
+            resolve_batch(batch.futures, batch.condition, error=error)
+
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         endpoints = self.routes.snapshot()
@@ -776,7 +808,8 @@ class _ClientFacade:
             )
         if arguments.pop("enable_open_telemetry", False):
             raise ValueError("OpenTelemetry tracing is not available in this version of hedgepub")
-        self._core = _PublisherCore(
+        #: What the core was built from (a forked child builds a fresh one from it).
+        self._core_arguments = dict(
             **arguments,
             transport=transport,
             clock=clock,
@@ -784,6 +817,7 @@ class _ClientFacade:
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
         )
+        self._core = _PublisherCore(**self._core_arguments)
         self._start()
 
     def _start(self) -> None:
@@ -896,6 +930,29 @@ class PublisherClient(_ClientFacade):
         # client, so the finalizer does not keep the client alive.
         self._finalizer = weakref.finalize(self, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
+        _SYNC_CLIENTS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """This process was just forked from the one that made the client (see :data:`FORK_REFUSAL`).
+
+        The loop thread did not survive the fork. If the client never connected (its gRPC channel opens
+        on the first publish), the child gets a fresh core and loop thread and publishes on its own;
+        otherwise the client refuses to publish, at once, with :data:`FORK_REFUSAL`. Either way the
+        futures inherited from the parent fail at once, and nothing waits for the lost thread, neither
+        ``shutdown()`` nor the flush at exit.
+        """
+        self._finalizer.detach()
+        self._runner.abandon()
+        core = self._core
+        error = PublishError(
+            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+            "future, in the child, cannot learn the outcome"
+        )
+        reusable = core.state is ClientState.OPEN and not core.routes.connected
+        core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
+        if reusable:
+            self._core = _PublisherCore(**self._core_arguments)
+            self._start()
 
     def publish(
         self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
@@ -943,6 +1000,32 @@ class PublisherClient(_ClientFacade):
 #: The loop threads of every sync client not shut down yet, for _flush_at_exit.
 _OPEN_RUNNERS: set[_LoopThread] = set()
 _OPEN_RUNNERS_LOCK = threading.Lock()
+#: Every sync client alive, for _after_fork_in_child.
+_SYNC_CLIENTS: weakref.WeakSet[PublisherClient] = weakref.WeakSet()
+
+#: Why a forked child may not publish with a client whose gRPC channel was open at the fork.
+FORK_REFUSAL = (
+    "this PublisherClient had connected (published) before os.fork(): gRPC cannot go on in a child "
+    "forked from a process with open channels. Create the client in the child, or create it before the "
+    "fork but publish only after it (gunicorn --preload, multiprocessing and Celery prefork pools work "
+    "that way), or shut it down before forking"
+)
+
+
+def _after_fork_in_child() -> None:
+    """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
+    global _OPEN_RUNNERS_LOCK
+    _OPEN_RUNNERS_LOCK = threading.Lock()  # a thread that is gone may have held it
+    _OPEN_RUNNERS.clear()  # their threads are gone: nothing to flush at exit from the parent's clients
+    for client in list(_SYNC_CLIENTS):
+        try:
+            client._after_fork_in_child()
+        except Exception:  # one client's trouble must not break the others, nor the fork
+            _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _LoopThread:
@@ -994,6 +1077,13 @@ class _LoopThread:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()
                 self.loop.close()
+
+    def abandon(self) -> None:
+        """In a forked child: the thread is gone; never wait for it, nor use its loop (whose wake-up
+        socket is shared with the parent's)."""
+        self._lock = threading.Lock()
+        self._stopped = True
+        self._shutdown = None
 
     def close(self, timeout: float | None) -> None:
         """Shut the core down, wait for every future, stop the thread. Safe to call more than once."""
