@@ -15,7 +15,7 @@ is one import plus ``hedging_settings=``:
 * ``PublisherOptions.enable_open_telemetry_tracing`` -> ``enable_open_telemetry``;
 * ``client_options={"api_endpoint": ...}`` (or a ``ClientOptions``) -> ``endpoint``, unless
   ``PUBSUB_EMULATOR_HOST`` is set, which wins as in the official client; ``credentials_file`` ->
-  ``credentials`` loaded from that file;
+  ``credentials`` loaded from that file; ``tracer_provider`` -> ``tracer_provider``;
 * ``credentials`` -> ``credentials``.
 
 Options left at the official defaults leave hedgepub's defaults (those of the reference publishers) alone.
@@ -186,7 +186,6 @@ _CLIENT_OPTION_ADVICE = {
     "scopes": "pass credentials=credentials.with_scopes(...) instead",
     "api_key": "Pub/Sub publishing needs OAuth credentials; pass credentials=... instead",
     "api_audience": "pass credentials that carry their own audience instead",
-    "tracer_provider": "set the global tracer provider and pass enable_open_telemetry=True instead",
 }
 
 
@@ -211,6 +210,8 @@ def client_options(options: Any, environ: Any = None) -> dict[str, Any]:
             from hedgepub._transport import SCOPES
 
             translated["credentials"], _project = google.auth.load_credentials_from_file(value, scopes=SCOPES)
+        elif name == "tracer_provider":
+            translated["tracer_provider"] = value
         elif name == "universe_domain" and value == "googleapis.com":
             continue
         else:

@@ -35,7 +35,7 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
@@ -67,6 +67,9 @@ from hedgepub._transport import (
     resolve_endpoint,
 )
 
+if TYPE_CHECKING:
+    from hedgepub._otel import BatchTrace, PublisherTelemetry
+
 _LOGGER = logging.getLogger("hedgepub")
 
 #: Batches a publisher has in flight at once; later ones wait their turn, in order. Google's front ends
@@ -95,6 +98,42 @@ class ClientState(enum.Enum):
 def topic_path(project: str, topic: str) -> str:
     """The full name of ``topic`` in ``project``: ``projects/{project}/topics/{topic}``."""
     return f"projects/{project}/topics/{topic}"
+
+
+def _idempotency_attribute(value: object) -> str | None:
+    """The attribute name to stamp keys in: ``True`` for the default, a name, or ``None`` (off)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
+
+        return IDEMPOTENCY_ATTRIBUTE
+    if not isinstance(value, str):
+        raise TypeError(
+            f"idempotency_attribute must be True, False or an attribute name; got {type(value).__name__}"
+        )
+    if not value or len(value.encode("utf-8")) > 256 or value.startswith("goog"):
+        raise ValueError(
+            f"idempotency_attribute {value!r} is not a usable attribute key: 1 to 256 bytes, "
+            "not starting with 'goog'"
+        )
+    return value
+
+
+def _telemetry(core: _PublisherCore, tracer_provider: Any, meter_provider: Any) -> PublisherTelemetry:
+    """The OpenTelemetry instrumentation of ``core`` (imported only when a client asks for it)."""
+    try:
+        from hedgepub._otel import PublisherTelemetry
+    except ImportError as error:
+        raise ImportError(
+            f"enable_open_telemetry=True needs the OpenTelemetry API ({error}): pip install 'hedgepub[otel]'"
+        ) from error
+    return PublisherTelemetry(
+        core._id_prefix,
+        weakref.WeakMethod(core.gauge_values),
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+    )
 
 
 def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -154,6 +193,11 @@ class _PublisherCore:
         sync_futures: bool,
         hedge_endpoints: Sequence[str] | None = None,
         hedge_transports: Sequence[Transport] | None = None,
+        idempotency_attribute: bool | str = False,
+        root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -184,6 +228,12 @@ class _PublisherCore:
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
         self.stats_recorder = StatsRecorder()
         self._credentials = credentials
+        if root_certificates is not None and not isinstance(root_certificates, bytes):
+            raise TypeError(
+                "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
+                f"{type(root_certificates).__name__}"
+            )
+        self._root_certificates = root_certificates
         self.routes = self._routes(
             endpoint,
             transport,
@@ -211,6 +261,13 @@ class _PublisherCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._id_prefix = uuid.uuid4().hex[:16]
+        if not enable_open_telemetry and (tracer_provider is not None or meter_provider is not None):
+            raise ValueError("tracer_provider and meter_provider need enable_open_telemetry=True")
+        self.telemetry = _telemetry(self, tracer_provider, meter_provider) if enable_open_telemetry else None
+        self.idempotency_attribute = _idempotency_attribute(idempotency_attribute)
+        # 128 random bits per publisher, then a count: unique across publishers and processes.
+        self._key_prefix = uuid.uuid4().hex
+        self._message_keys = itertools.count()
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
@@ -259,7 +316,9 @@ class _PublisherCore:
             self._credentials, _project = google.auth.default(scopes=SCOPES)
 
         def connect(target: ChannelTarget) -> Callable[[], Transport]:
-            return lambda: GrpcTransport(create_channel(target, self._credentials))
+            return lambda: GrpcTransport(
+                create_channel(target, self._credentials, root_certificates=self._root_certificates)
+            )
 
         def ready(made: Transport) -> Callable[[], Transport]:
             return lambda: made
@@ -301,6 +360,11 @@ class _PublisherCore:
                     "ordering_key given but message ordering is not enabled: construct the publisher "
                     "with enable_message_ordering=True"
                 )
+        stamp = self.idempotency_attribute
+        if stamp is not None and stamp not in attributes:
+            # Stamped once, into the request every attempt sends: hedges and retries carry the same key.
+            # A key the caller set is kept, so an application that republishes keeps its key too.
+            attributes[stamp] = f"{self._key_prefix}-{next(self._message_keys)}"
         if attributes or ordering_key:
             message = PubsubMessagePb(
                 data=data, attributes=_check_attributes(attributes), ordering_key=ordering_key
@@ -528,6 +592,7 @@ class _PublisherCore:
 
     async def _publish(self, batch: Batch) -> None:
         outcome: BatchOutcome | None = None
+        traced: BatchTrace | None = None
         # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
         sent = {"attempts": 0, "hedges": 0}
         started = self.clock.now()
@@ -535,6 +600,8 @@ class _PublisherCore:
         clock = self.clock
         try:
             routes.transport(0)  # the primary's channel opens before the first attempt, as it always did
+            if self.telemetry is not None:
+                traced = self.telemetry.start_batch(batch)
             request = batch.request
             topic = batch.topic
             batch_id = batch.batch_id
@@ -559,7 +626,7 @@ class _PublisherCore:
                 return ids
 
             outcome = await run_batch(
-                attempt,
+                attempt if traced is None else traced.wrap(attempt),
                 message_count=len(batch.futures),
                 retry=self.retry,
                 hedging=self.hedging,
@@ -580,10 +647,14 @@ class _PublisherCore:
             )
             try:
                 self.stats_recorder.record_batch(len(batch.futures), cut_off)
+                if traced is not None:
+                    traced.end(cut_off)
             finally:
                 self._fail(batch, error, counted=True)
             raise
         except BaseException as error:
+            if traced is not None:
+                traced.end(None, error)
             self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)
             if not isinstance(error, Exception):
                 raise
@@ -591,6 +662,8 @@ class _PublisherCore:
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
             routes.record_win(outcome.winner_attempt)
+            if traced is not None:
+                traced.end(outcome)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
@@ -688,6 +761,13 @@ class _PublisherCore:
                     future._condition = batch.condition
             resolve_batch(batch.futures, batch.condition, error=error)
 
+    def gauge_values(self) -> tuple[float, float]:
+        """(tokens in the bucket, hedge delay in seconds) now; zeros without hedging (any thread)."""
+        if self.hedging is None:
+            return 0.0, 0.0
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.bucket.tokens, delay  # type: ignore[union-attr]
+
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         endpoints = self.routes.snapshot()
@@ -738,6 +818,8 @@ class _PublisherCore:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             self.state = ClientState.CLOSED
+            if self.telemetry is not None:
+                self.telemetry.close()
             await self.routes.close()
 
 
@@ -753,6 +835,8 @@ _FACADE_DEFAULTS: dict[str, Any] = {
     "enable_message_ordering": False,
     "endpoint": None,
     "credentials": None,
+    "enable_open_telemetry": False,
+    "tracer_provider": None,
 }
 
 
@@ -773,8 +857,13 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
+        root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         transport: Transport | None = None,
         hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
@@ -788,6 +877,8 @@ class _ClientFacade:
             "enable_message_ordering": enable_message_ordering,
             "endpoint": endpoint,
             "credentials": credentials,
+            "enable_open_telemetry": enable_open_telemetry,
+            "tracer_provider": tracer_provider,
         }
         if official_keywords:
             refuse_official_keywords(official_keywords)
@@ -806,8 +897,6 @@ class _ClientFacade:
             arguments = translate(
                 {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
             )
-        if arguments.pop("enable_open_telemetry", False):
-            raise ValueError("OpenTelemetry tracing is not available in this version of hedgepub")
         #: What the core was built from (a forked child builds a fresh one from it).
         self._core_arguments = dict(
             **arguments,
@@ -816,8 +905,21 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            idempotency_attribute=idempotency_attribute,
+            root_certificates=root_certificates,
+            meter_provider=meter_provider,
         )
         self._core = _PublisherCore(**self._core_arguments)
+        telemetry = self._core.telemetry
+        if telemetry is not None:
+            # Traced publishing replaces publish on this instance only: an untraced client runs the
+            # plain method, with not even a check for telemetry on its hot path.
+            plain = self.publish
+            self.publish = (  # type: ignore[method-assign]
+                telemetry.traced_sync_publish(plain)
+                if self._sync_futures
+                else telemetry.traced_async_publish(plain)
+            )
         self._start()
 
     def _start(self) -> None:
@@ -911,10 +1013,20 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._endpoints`.
+        idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
+            ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
+            retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
+            A value the caller sets for that attribute is kept. Off by default.
         transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+        root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
+            CA, or ``hedgepub serve --tls-cert``).
+        enable_open_telemetry: emit OpenTelemetry spans (compatible with the official client's) and metrics
+            through the OpenTelemetry API; see :mod:`hedgepub._otel`. Off by default.
+        tracer_provider, meter_provider: where the spans and metrics go with ``enable_open_telemetry``;
+            default: the global providers.
 
     ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
     ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what

@@ -167,8 +167,8 @@ DOCUMENTED = frozenset(
     }
 )
 #: Further codes documented for some methods: snapshots, seek and push are not served by the local
-#: server (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions and exactly-once
-#: delivery; SetIamPolicy answers ABORTED to a stale etag.
+#: server (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions;
+#: SetIamPolicy answers ABORTED to a stale etag.
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{
         method: frozenset({grpc.StatusCode.UNIMPLEMENTED})

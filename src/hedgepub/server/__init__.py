@@ -25,6 +25,7 @@ Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator
 """
 
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DataDirError
 from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix, StallWindows
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
@@ -35,6 +36,7 @@ __all__ = [
     "AllowAll",
     "AsyncLocalServer",
     "Authorizer",
+    "DataDirError",
     "FaultInjector",
     "FaultRule",
     "IamConfig",

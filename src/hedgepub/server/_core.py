@@ -28,6 +28,7 @@ from hedgepub._status import StatusCode
 from hedgepub.server import _limits as limits
 from hedgepub.server import _resources as resources
 from hedgepub.server._delivery import (
+    DEFAULT_WINDOW,
     MAX_MESSAGES_PER_RESPONSE,
     Consumer,
     Leasing,
@@ -53,13 +54,22 @@ class PubSubCore:
 
     ``clock`` drives leases and waits. ``wall_clock_ns`` is the calendar time in nanoseconds since the
     epoch, which ``publish_time`` and message retention are about; replace it (it is a plain attribute)
-    to test retention without waiting for it.
+    to test retention without waiting for it. ``window`` is how many ready messages each subscription
+    holds in memory; the rest of its backlog is read from the store in pages as it drains.
     """
 
     def __init__(
-        self, store: Store, clock: Clock = DEFAULT_CLOCK, wall_clock_ns: Callable[[], int] = time.time_ns
+        self,
+        store: Store,
+        clock: Clock = DEFAULT_CLOCK,
+        wall_clock_ns: Callable[[], int] = time.time_ns,
+        *,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1; got {window}")
         self._store = store
+        self._window = window
         self._clock = clock
         self.wall_clock_ns = wall_clock_ns
         self._topics: dict[str, Any] = {}
@@ -67,14 +77,18 @@ class PubSubCore:
         self._attached: dict[str, dict[str, SubscriptionState]] = {}
         self._policies: dict[str, Any] = {}
         self._next_sequence = 1
-        self._leasing = Leasing(clock, self._dead_letter)
+        self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
+        #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
+        #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
+        self.may_forward: Callable[[str, str], bool] | None = None
+        self._refused_forwarding: set[tuple[str, str]] = set()
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
-        """Take back what the store holds (topics, subscriptions, policies, unacked messages)."""
+        """Take back what the store holds (topics, subscriptions, policies); backlogs are read lazily."""
         snapshot = snapshot if snapshot is not None else self._store.load()
         self._topics = dict(snapshot.topics)
         self._policies = dict(snapshot.policies)
@@ -83,15 +97,17 @@ class PubSubCore:
         self._subscriptions = {}
         self._attached = {}
         for name, config in snapshot.subscriptions.items():
-            state = SubscriptionState(config, self._leasing)
+            state = self._new_state(config)
+            state.more = not config.detached  # its backlog, if any, is read when first needed
             self._subscriptions[name] = state
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
-            pending = snapshot.pending.get(name)
-            if pending and not config.detached:
-                refused = state.add(pending)
-                if refused:  # a crash came between a publish and the ack of what the filter refused
-                    self._spawn(self._store.ack(name, refused))
+
+    def _new_state(self, config: Any) -> SubscriptionState:
+        """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
+        state = SubscriptionState(config, self._leasing, self._store.pending, self._window)
+        state.more = False
+        return state
 
     async def close(self) -> None:
         """Stop timers and background work, and close the store."""
@@ -122,7 +138,12 @@ class PubSubCore:
 
     def is_idle(self) -> bool:
         """No message is waiting or leased on any subscription."""
-        return all(state.backlog_size() == 0 for state in self._subscriptions.values())
+        for state in self._subscriptions.values():
+            if state.backlog_size() == 0:
+                state.refill()  # the store may hold a backlog not read yet
+            if state.backlog_size():
+                return False
+        return True
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -198,6 +219,12 @@ class PubSubCore:
         dropped = [pending.sequence for pending in state.drain()]
         if dropped:
             await self._store.ack(name, dropped)
+        # And what is still only in the store, a page at a time.
+        state.more = False
+        after = state.cursor
+        while page := self._store.pending(name, after, MAX_MESSAGES_PER_RESPONSE):
+            after = page[-1][0]
+            await self._store.ack(name, [sequence for sequence, _ in page])
         state.notify()
 
     # ----------------------------------------------------------------- publish
@@ -269,7 +296,7 @@ class PubSubCore:
         if config.topic not in self._topics:
             await self._store.delete("subscriptions", name)
             raise not_found(config.topic)
-        state = SubscriptionState(config, self._leasing)
+        state = self._new_state(config)
         self._subscriptions[name] = state
         self._attached.setdefault(config.topic, {})[name] = state
         return config
@@ -320,7 +347,7 @@ class PubSubCore:
 
     def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
-        if not state.ready:
+        if not state.ready and not state.more:
             return []
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
@@ -329,6 +356,11 @@ class PubSubCore:
         if expired:
             self._spawn(self._store.ack(state.name, expired))
         return out
+
+    def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
+        # Read from the store but never to be delivered (a filter refused them before a crash let the
+        # publish-time acknowledgement happen): acknowledged now, in the background.
+        self._spawn(self._store.ack(state.name, sequences))
 
     def _dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
         self._spawn(self._forward_dead_letter(state, pending, topic))
@@ -342,7 +374,8 @@ class PubSubCore:
         """
         forwarded = False
         try:
-            if topic in self._topics:  # the real service keeps the message when the topic is missing
+            if topic in self._topics and not self._forwarding_refused(state.name, topic):
+                # (the real service keeps the message when the topic is missing, or may not be published to)
                 # Not through publish(): the copy is the service's own, and the attributes it gains may take
                 # a message that was at the 100-attribute limit past it; that must not drop the message.
                 await self._append(topic, [dead_letter_copy(state.name, pending)])
@@ -357,6 +390,20 @@ class PubSubCore:
             )
         finally:
             state.forwarded(pending, forwarded)
+
+    def _forwarding_refused(self, subscription: str, topic: str) -> bool:
+        if self.may_forward is None or self.may_forward(subscription, topic):
+            self._refused_forwarding.discard((subscription, topic))
+            return False
+        if (subscription, topic) not in self._refused_forwarding:  # once, not at every nack
+            self._refused_forwarding.add((subscription, topic))
+            logger.warning(
+                "Not forwarding from %s to the dead-letter topic %s: the topic does not grant its forwarding "
+                "identity pubsub.topics.publish; messages stay for redelivery.",
+                subscription,
+                topic,
+            )
+        return True
 
     def open_consumer(
         self, subscription: str, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0
@@ -402,42 +449,65 @@ class PubSubCore:
         if state is not None:
             state.notify()
 
-    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> None:
-        """Acknowledge: unknown or expired ack IDs are ignored, as the real service does."""
+    async def acknowledge(self, subscription: str, ack_ids: Sequence[str], *, report: bool = True) -> None:
+        """Acknowledge. Unknown or expired ack IDs are ignored, as the real service does, unless the
+        subscription has exactly-once delivery: then each one fails (once the others are acknowledged)
+        with the per-ack-ID details of :func:`~._limits.ack_id_failures`. ``report=False`` (StreamingPull,
+        whose answer to them would be a confirmation this server does not send) drops those failures.
+        """
         state = self._subscription(subscription)
-        self._check_ack_ids(ack_ids)
+        failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
             await self._store.ack(subscription, done)
+        if failures and report:
+            raise limits.ack_id_failures(failures)
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
-        """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now."""
+        """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
+        delivery, ack IDs without a valid lease fail as in :meth:`acknowledge`."""
         state = self._subscription(subscription)
         limits.check_ack_deadline(seconds, allow_zero=True, field="ack_deadline_seconds")
-        self._check_ack_ids(ack_ids)
+        failures = self._check_ack_ids(state, ack_ids)
         state.modify(ack_ids, seconds)
+        if failures:
+            raise limits.ack_id_failures(failures)
 
     def modify_each(self, subscription: str, ack_ids: Sequence[str], seconds: Sequence[int]) -> None:
-        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds."""
+        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds (failures of ack IDs
+        are not reported: see :meth:`acknowledge`)."""
         state = self._subscription(subscription)
         if len(ack_ids) != len(seconds):
             raise invalid(
                 "modify_deadline_seconds and modify_deadline_ack_ids must have the same length "
                 f"(got {len(seconds)} and {len(ack_ids)})."
             )
-        self._check_ack_ids(ack_ids)
+        self._check_ack_ids(state, ack_ids)
         for value in seconds:
             limits.check_ack_deadline(value, allow_zero=True, field="modify_deadline_seconds")
         for ack_id, value in zip(ack_ids, seconds, strict=True):
             state.modify((ack_id,), value)
 
-    def _check_ack_ids(self, ack_ids: Sequence[str]) -> None:
+    @staticmethod
+    def _check_ack_ids(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, str]:
+        """Refuse an empty list; return the ack IDs that fail under exactly-once delivery (none without it).
+
+        Without exactly-once a malformed ack ID fails the whole request; with it, it is one more failed
+        ack ID, as is one that is unknown, expired or superseded by a later delivery of its message.
+        """
         if not ack_ids:
             raise invalid("No ack IDs were given; at least one ack ID is required.")
+        exactly_once = state.config.enable_exactly_once_delivery
+        failures: dict[str, str] = {}
         for ack_id in ack_ids:
             prefix, _, number = ack_id.partition("-")
             if len(prefix) != 8 or not number.isdigit():
-                raise invalid(f"You have passed an invalid ack ID to the service (ack_id={ack_id}).")
+                if not exactly_once:
+                    raise invalid(f"You have passed an invalid ack ID to the service (ack_id={ack_id}).")
+                failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
+            elif exactly_once and ack_id not in state.leases:
+                failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
+        return failures
 
     # ----------------------------------------------------------------- IAM
     def _iam_resource(self, resource: str) -> None:

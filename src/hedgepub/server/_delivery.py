@@ -37,7 +37,16 @@ ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
 
 #: Largest batch handed out at once (one Pull response or one StreamingPull response).
 MAX_MESSAGES_PER_RESPONSE = 1000
-_MAX_BYTES_PER_RESPONSE = 10_000_000
+#: Largest Pull or StreamingPull response, in bytes: the official clients refuse responses over 4 MiB on
+#: the plain channel they open for ``PUBSUB_EMULATOR_HOST``. Each message is counted with its ack ID and
+#: an upper bound of its framing (``_FRAMING_BYTES``); the 64 KiB left over cover the response's other
+#: fields with room to spare. A single message larger than this still goes, alone in its response.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+#: Field tags and length prefixes around one message in a response (ReceivedMessage, its message field and
+#: delivery_attempt): 1 + 3 + 1 + 1 + 1 + 3 + 6 bytes at most for a message under 2 MiB; 16 rounds it up.
+_FRAMING_BYTES = 16
+#: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
+DEFAULT_WINDOW = 500
 
 
 class Consumer:
@@ -84,7 +93,7 @@ class Pending:
 class Lease:
     """A delivered, unacknowledged message: who holds it and until when."""
 
-    __slots__ = ("ack_id", "active", "consumer", "deadline", "pending", "state")
+    __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
 
     def __init__(
         self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: SubscriptionState
@@ -95,6 +104,7 @@ class Lease:
         self.consumer = consumer
         self.deadline = deadline
         self.active = True
+        self.entry = -1  # serial of its current entry in the deadline heap; older entries are stale
 
 
 #: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
@@ -120,14 +130,19 @@ def retry_delay(policy: Any | None, attempts: int) -> float:
 
 #: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
 DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
+#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
+DiscardHook = Callable[["SubscriptionState", list[int]], None]
+#: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
+PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
 
 
 class Leasing:
     """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
 
-    def __init__(self, clock: Clock, dead_letter: DeadLetterHook) -> None:
+    def __init__(self, clock: Clock, dead_letter: DeadLetterHook, discard: DiscardHook) -> None:
         self.clock = clock
         self.dead_letter = dead_letter
+        self.discard = discard
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
@@ -135,6 +150,8 @@ class Leasing:
         self._heap_counter = itertools.count()
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
+        #: Leases not yet ended, across subscriptions; the heap is compacted when most entries are stale.
+        self.live = 0
 
     def new_ack_id(self) -> str:
         """A fresh ack ID, unique in this process and unlike any of an earlier process."""
@@ -142,7 +159,19 @@ class Leasing:
 
     def watch(self, lease: Lease) -> None:
         """Expire ``lease`` at its current deadline unless it ends or changes before."""
-        heapq.heappush(self._deadlines, (lease.deadline, next(self._heap_counter), lease))
+        heap = self._deadlines
+        lease.entry = serial = next(self._heap_counter)
+        heapq.heappush(heap, (lease.deadline, serial, lease))
+        # An acknowledged lease, or a deadline a ModifyAckDeadline replaced, leaves a stale entry until its
+        # old deadline passes; a modack loop would grow the heap without bound. Rebuilding it once stale
+        # entries outnumber live leases keeps it within twice the live leases, at O(1) amortized cost.
+        if len(heap) > 2 * self.live + 1024:
+            self._deadlines = [entry for entry in heap if entry[2].active and entry[2].entry == entry[1]]
+            heapq.heapify(self._deadlines)
+
+    def heap_size(self) -> int:
+        """Entries in the lease-deadline heap, stale ones included (for tests of its compaction)."""
+        return len(self._deadlines)
 
     def schedule(self, deadline: float) -> None:
         """Make sure the timer runs no later than ``deadline``."""
@@ -162,15 +191,15 @@ class Leasing:
         heap = self._deadlines
         touched: set[SubscriptionState] = set()
         while heap and heap[0][0] <= now:
-            deadline, _, lease = heapq.heappop(heap)
-            if not lease.active or lease.deadline != deadline:
+            _, serial, lease = heapq.heappop(heap)
+            if not lease.active or lease.entry != serial:
                 continue
             lease.state.nack(lease)
             touched.add(lease.state)
         for state in touched:
             state.notify()
         # Drop stale heap entries at the top so the next timer is not set for nothing.
-        while heap and (not heap[0][2].active or heap[0][2].deadline != heap[0][0]):
+        while heap and (not heap[0][2].active or heap[0][2].entry != heap[0][1]):
             heapq.heappop(heap)
         if heap:
             self.schedule(heap[0][0])
@@ -178,6 +207,7 @@ class Leasing:
     def clear(self) -> None:
         """Forget every deadline (everything was deleted)."""
         self._deadlines.clear()
+        self.live = 0
 
     def close(self) -> None:
         """Stop the timer."""
@@ -187,23 +217,38 @@ class Leasing:
 
 
 class SubscriptionState:
-    """Live delivery state of one subscription."""
+    """Live delivery state of one subscription: a bounded window of its backlog, and its leases.
 
-    def __init__(self, config: Any, leasing: Leasing) -> None:
+    Only up to ``window`` ready messages (those waiting behind their ordering key included) are held in
+    memory; the rest of the backlog stays in the store and is read in pages (``pages``) as the window
+    empties. ``cursor`` is the highest sequence read so far: every message of the backlog at or below it is
+    in memory (ready, waiting, leased or being forwarded), and ``more`` says whether the store may hold
+    some above it. Newly published messages join the window directly while it has room and nothing is
+    left in the store before them.
+    """
+
+    def __init__(
+        self, config: Any, leasing: Leasing, pages: PageSource | None = None, window: int = DEFAULT_WINDOW
+    ) -> None:
         self.config = config
         #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
         self.matches = compile_filter(config.filter)
         self._leasing = leasing
+        self._pages = pages
+        self.window = window
         self.ready: deque[Pending] = deque()
         self.leases: dict[str, Lease] = {}
         #: ordering key -> messages of that key waiting behind the one ready or leased.
         self.key_backlog: dict[str, deque[Pending]] = {}
+        self._waiting = 0  # messages in key_backlog
         self._waiters: set[asyncio.Future[None]] = set()
         #: messages on their way to the dead-letter topic: neither ready nor leased, not yet acknowledged.
         self.forwarding: set[Pending] = set()
         #: messages waiting out their retry back-off, each with the timer that makes it ready again.
         self.backing_off: dict[Pending, TimerHandle] = {}
         self.deleted = False
+        self.cursor = 0
+        self.more = pages is not None
 
     @property
     def name(self) -> str:
@@ -252,11 +297,27 @@ class SubscriptionState:
             self._waiters.discard(waiter)
         return True
 
-    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
-        """Append newly published (or reloaded) messages; return the sequences the filter refused.
+    def held(self) -> int:
+        """Messages of the window in memory: ready, or waiting behind their ordering key."""
+        return len(self.ready) + self._waiting
 
-        The caller acknowledges those in the store: to the subscription they are acknowledged at publish
-        time, as the real service does, and never delivered.
+    def _place(self, pending: Pending) -> None:
+        if self.ordered:
+            key = pending.message.ordering_key
+            if key:
+                waiting = self.key_backlog.get(key)
+                if waiting is not None:
+                    waiting.append(pending)
+                    self._waiting += 1
+                    return
+                self.key_backlog[key] = deque()
+        self.ready.append(pending)
+
+    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
+        """Newly published messages, already durable: into the window if they fit, else left in the store.
+
+        Returns the sequences the filter refused: the caller acknowledges those in the store, since to the
+        subscription they are acknowledged at publish time, as the real service does, and never delivered.
         """
         refused: list[int] = []
         if self.config.filter:
@@ -268,23 +329,39 @@ class SubscriptionState:
                 else:
                     refused.append(record[0])
             records = kept
-        if self.ordered:
-            backlog = self.key_backlog
+        if not self.more:
+            window, cursor = self.window, self.cursor
             for sequence, message in records:
-                pending = Pending(sequence, message)
-                key = message.ordering_key
-                if not key:
-                    self.ready.append(pending)
-                elif key in backlog:
-                    backlog[key].append(pending)
-                else:
-                    backlog[key] = deque()
-                    self.ready.append(pending)
-        else:
-            self.ready.extend(Pending(sequence, message) for sequence, message in records)
+                if sequence <= cursor:
+                    continue  # already read from the store by a refill
+                if self.held() >= window:
+                    self.more = True
+                    break
+                self._place(Pending(sequence, message))
+                cursor = sequence
+            self.cursor = cursor
         if records:
             self.notify()
         return refused
+
+    def refill(self) -> bool:
+        """Read the next page of the backlog from the store into the window; whether anything came."""
+        room = self.window - self.held()
+        if not self.more or room <= 0 or self._pages is None:
+            return False
+        page = self._pages(self.name, self.cursor, room)
+        refused: list[int] = []
+        filtered = bool(self.config.filter)
+        for sequence, message in page:
+            self.cursor = sequence
+            if filtered and not self.matches(message.attributes):
+                refused.append(sequence)
+            else:
+                self._place(Pending(sequence, message))
+        if refused:
+            self._leasing.discard(self, refused)
+        self.more = len(page) >= room
+        return bool(page)
 
     def finished(self, pending: Pending) -> None:
         """A message left the subscription for good: release the next one of its ordering key."""
@@ -298,25 +375,29 @@ class SubscriptionState:
             return
         if waiting:
             self.ready.append(waiting.popleft())
+            self._waiting -= 1
         else:
             del self.key_backlog[key]
 
     def backlog_size(self) -> int:
-        """Messages not yet acknowledged: ready, leased, backing off, waiting behind their key, or being
-        forwarded."""
-        waiting = sum(len(queue) for queue in self.key_backlog.values())
-        return len(self.ready) + len(self.leases) + len(self.forwarding) + len(self.backing_off) + waiting
+        """Messages in memory not yet acknowledged: ready, leased, backing off, waiting behind their key, or
+        being forwarded. Messages still only in the store (``more``) are not counted.
+        """
+        return (
+            len(self.ready) + len(self.leases) + len(self.forwarding) + len(self.backing_off) + self._waiting
+        )
 
     # ------------------------------------------------------------- leasing
     def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
-        """Lease up to ``max_messages`` ready messages to ``consumer``.
+        """Lease up to ``max_messages`` ready messages to ``consumer``, within one response's size.
 
         Returns the ``ReceivedMessage`` list and the sequences found past retention (published before
         ``oldest_kept``, in seconds since the epoch), which the caller acknowledges in the store.
         """
         ready = self.ready
-        if not ready:
-            return [], []
+        while not ready:
+            if not self.refill():
+                return [], []
         leasing = self._leasing
         counted = self.config.HasField("dead_letter_policy")
         deadline = leasing.clock.now() + consumer.ack_deadline
@@ -324,19 +405,30 @@ class SubscriptionState:
         expired: list[int] = []
         total_bytes = 0
         limit = min(max_messages, consumer.room())
-        while ready and len(out) < limit and total_bytes < _MAX_BYTES_PER_RESPONSE:
-            pending = ready.popleft()
+        while len(out) < limit:
+            while not ready:
+                if not self.refill():
+                    break
+            if not ready:
+                break
+            pending = ready[0]
             if pending.message.publish_time.seconds < oldest_kept:
+                ready.popleft()
                 expired.append(pending.sequence)
                 self.finished(pending)
                 continue
-            pending.attempts += 1
             ack_id = leasing.new_ack_id()
+            size = pending.size + len(ack_id) + _FRAMING_BYTES
+            if out and total_bytes + size > MAX_RESPONSE_BYTES:
+                break
+            ready.popleft()
+            pending.attempts += 1
             lease = Lease(ack_id, pending, consumer, deadline, self)
             self.leases[ack_id] = lease
+            leasing.live += 1
             consumer.outstanding_messages += 1
             consumer.outstanding_bytes += pending.size
-            total_bytes += pending.size
+            total_bytes += size
             leasing.watch(lease)
             out.append(
                 ReceivedMessage(
@@ -353,6 +445,7 @@ class SubscriptionState:
 
     def _release_flow(self, lease: Lease) -> None:
         lease.active = False
+        self._leasing.live -= 1
         consumer = lease.consumer
         consumer.outstanding_messages -= 1
         consumer.outstanding_bytes -= lease.pending.size
@@ -440,6 +533,7 @@ class SubscriptionState:
         self.ready.clear()
         self.leases.clear()
         self.key_backlog.clear()
+        self._waiting = 0
         return dropped
 
     def close(self) -> None:

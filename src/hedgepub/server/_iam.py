@@ -190,6 +190,16 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
 
 Metadata = Sequence[tuple[str, "str | bytes"]]
 
+#: The identity the local server forwards dead-lettered messages as. The real service publishes them as its
+#: per-project service agent, ``service-{project_number}@gcp-sa-pubsub.iam.gserviceaccount.com``; local
+#: projects have no numbers, so the project ID stands in for the number.
+FORWARDING_IDENTITY = "serviceAccount:service-{project}@gcp-sa-pubsub.iam.gserviceaccount.com"
+
+
+def forwarding_identity(resource: str) -> str:
+    """The principal that forwards dead-lettered messages of ``resource``'s project (a subscription)."""
+    return FORWARDING_IDENTITY.format(project=resource.split("/")[1] if resource.count("/") >= 1 else "")
+
 
 def resource_permission(resource: str, verb: str) -> str:
     """``pubsub.topics.<verb>`` or ``pubsub.subscriptions.<verb>`` depending on the resource name."""
@@ -217,6 +227,9 @@ class Authorizer(Protocol):
 
 class AllowAll:
     """The default :class:`Authorizer`: IAM policies are stored but not enforced."""
+
+    def authenticate(self, metadata: Metadata) -> None:
+        """Anyone (an authorizer may offer this to check the caller before any lookup)."""
 
     async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow everything."""
@@ -452,6 +465,29 @@ class IamEnforcer:
         for binding in policy.bindings:
             if binding.role not in ROLE_PERMISSIONS:
                 raise invalid(UNSUPPORTED_ROLE_MESSAGE.format(role=binding.role))
+
+    def authenticate(self, metadata: Metadata) -> tuple[str, ...]:
+        """Who the caller is (UNAUTHENTICATED if unknown); the services call it before looking anything up."""
+        return self.principals(metadata)
+
+    def may_forward(self, subscription: str, dead_letter_topic: str) -> bool:
+        """Whether the topic grants the forwarding identity of ``subscription``'s project publishing."""
+        identity = (_normalize_member(forwarding_identity(subscription)),)
+        try:
+            return "pubsub.topics.publish" in self.permissions(identity, dead_letter_topic)
+        except ServiceError:  # a malformed topic name grants nothing
+            return False
+
+    def check_dead_letter_topic(self, subscription: str, dead_letter_topic: str) -> None:
+        """Create/UpdateSubscription with a dead-letter policy: the service must be able to forward.
+
+        As in the real service, whose service agent must be allowed to publish to the dead-letter topic,
+        a topic that does not grant :func:`forwarding_identity` ``pubsub.topics.publish`` is refused with
+        PERMISSION_DENIED; so a caller cannot route messages to a topic it may not publish to.
+        """
+        _project_of(dead_letter_topic)  # INVALID_ARGUMENT for a malformed name, as before
+        if not self.may_forward(subscription, dead_letter_topic):
+            raise _denied()
 
     async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow, or raise UNAUTHENTICATED / INVALID_ARGUMENT (bad name) / PERMISSION_DENIED."""

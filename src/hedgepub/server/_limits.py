@@ -7,7 +7,10 @@ the gRPC layer only has to translate it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from google.rpc import error_details_pb2
 
 from hedgepub._status import StatusCode
 
@@ -61,12 +64,17 @@ _PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_.:]{0,127}")
 
 
 class ServiceError(Exception):
-    """A request the service refuses: a status code and a message in the real service's words."""
+    """A request the service refuses: a status code and a message in the real service's words.
 
-    def __init__(self, code: StatusCode, message: str) -> None:
+    ``details`` are protobuf messages (such as ``google.rpc.ErrorInfo``) sent with the status, in the
+    ``grpc-status-details-bin`` trailer, for clients that read more than the code.
+    """
+
+    def __init__(self, code: StatusCode, message: str, details: Sequence[Any] = ()) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.details = tuple(details)
 
 
 def invalid(message: str) -> ServiceError:
@@ -84,6 +92,25 @@ def already_exists(name: str) -> ServiceError:
     return ServiceError(
         StatusCode.ALREADY_EXISTS,
         f"Resource already exists in the project (resource={name.rsplit('/', 1)[-1]}).",
+    )
+
+
+#: An ack ID that is unknown, expired or superseded by a later delivery: the client must not retry it.
+PERMANENT_FAILURE_INVALID_ACK_ID = "PERMANENT_FAILURE_INVALID_ACK_ID"
+
+
+def ack_id_failures(failures: Mapping[str, str]) -> ServiceError:
+    """The real service's answer, with exactly-once delivery, to acks or modacks that did not all succeed:
+    INVALID_ARGUMENT with an ``ErrorInfo`` whose metadata maps each failed ack ID to its failure
+    (``PERMANENT_FAILURE_...`` or ``TRANSIENT_FAILURE_...``); the official clients read it per ack ID."""
+    info = error_details_pb2.ErrorInfo(
+        reason="EXACTLY_ONCE_ACKID_FAILURE", domain="pubsub.googleapis.com", metadata=dict(failures)
+    )
+    return ServiceError(
+        StatusCode.INVALID_ARGUMENT,
+        "Some acknowledgement ids in the request were invalid. This could be because the acknowledgement "
+        "ids have expired or the acknowledgement ids were malformed.",
+        details=(info,),
     )
 
 

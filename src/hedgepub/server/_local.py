@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable
@@ -16,10 +17,14 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
+from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -33,15 +38,20 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
+def open_store(
+    data_dir: str | os.PathLike[str] | None, in_memory: bool, *, keep_unsubscribed: bool = False
+) -> Store:
     """The store for a server: in memory, or SQLite in ``data_dir``."""
     if in_memory:
-        return MemoryStore()
+        return MemoryStore(keep_unsubscribed=keep_unsubscribed)
     if data_dir is None:
         raise ValueError("data_dir is required unless in_memory=True")
     from hedgepub.server._sqlite import SqliteStore
 
-    return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
+    try:
+        return SqliteStore(database_path(data_dir), keep_unsubscribed=keep_unsubscribed)
+    except sqlite3.Error as error:
+        raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
 
 class AsyncLocalServer:
@@ -52,7 +62,14 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead.
+    :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
+    ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
+    ``keep_unsubscribed=True`` keeps the messages published while their topic has no subscription (the
+    real service drops them; :class:`LocalServer` keeps them so that ``messages(topic)`` shows them).
+    ``window``: ready messages held in memory per subscription.
+    ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
+    answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
+    service does not do this).
     """
 
     def __init__(
@@ -66,7 +83,16 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        keep_unsubscribed: bool = False,
+        window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError(
+                "TLS needs both tls_cert (PEM certificate chain) and tls_key (its PEM private key)"
+            )
         if faults is None:
             faults = FaultInjector()
         if iam is not None and authorizer is not None:
@@ -81,31 +107,84 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        self.keep_unsubscribed = keep_unsubscribed
+        self._window = window
+        #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
+        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
         self.core: PubSubCore | None = None
+        self._data_dir_lock: DataDirLock | None = None
         self.port = 0
 
     @property
     def address(self) -> str:
-        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``)."""
+        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``, or ``https://`` + it under TLS)."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
+        return self.tls_cert is not None
+
+    def _server_credentials(self) -> grpc.ServerCredentials:
+        assert self.tls_cert is not None and self.tls_key is not None
+        try:
+            chain = Path(self.tls_cert).read_bytes()
+            key = Path(self.tls_key).read_bytes()
+        except OSError as error:
+            raise OSError(f"cannot read the TLS certificate or key: {error}") from error
+        for what, data, marker in (("tls_cert", chain, b"CERTIFICATE"), ("tls_key", key, b"PRIVATE KEY")):
+            if b"-----BEGIN" not in data or marker not in data:
+                raise ValueError(f"{what} ({os.fspath(getattr(self, what))}) holds no PEM {marker.decode()}")
+        return grpc.ssl_server_credentials([(key, chain)])
+
     async def start(self) -> None:
-        """Open the store, load what it holds, and start serving."""
-        store = open_store(self.data_dir, self.in_memory)
-        core = PubSubCore(store, clock=self._clock)
+        """Lock and check the data directory, open the store, load what it holds, and start serving.
+
+        A data directory another server uses, or one that cannot be written, or a database that cannot be
+        opened or fails SQLite's quick check raises :class:`~hedgepub.server.DataDirError` (one line).
+        """
+        credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
+        if not self.in_memory and self.data_dir is not None:
+            self._data_dir_lock = open_data_dir(self.data_dir)
+        try:
+            await self._start(credentials)
+        except BaseException:
+            self._release_data_dir()
+            raise
+
+    def _release_data_dir(self) -> None:
+        lock, self._data_dir_lock = self._data_dir_lock, None
+        if lock is not None:
+            lock.release()
+
+    async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
+        store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
+        core = PubSubCore(store, clock=self._clock, window=self._window)
         loop = asyncio.get_running_loop()
-        # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
-        snapshot = await loop.run_in_executor(None, store.load)
-        core.load(snapshot)
+        try:
+            # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
+            snapshot = await loop.run_in_executor(None, store.load)
+            core.load(snapshot)
+        except (sqlite3.Error, DecodeError) as error:
+            await core.close()
+            raise DataDirError(
+                f"database file {database_path(self.data_dir or '')} cannot be loaded: {error}"
+            ) from None
         authorizer = self._authorizer
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
+            core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         where = f"{self.host}:{self.requested_port}"
         try:
-            port = server.add_insecure_port(where)
+            if credentials is not None:
+                port = server.add_secure_port(where, credentials)
+            else:
+                port = server.add_insecure_port(where)
             if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
                 raise RuntimeError(f"Failed to bind to address {where}")
         except RuntimeError as error:
@@ -125,6 +204,7 @@ class AsyncLocalServer:
             await server.stop(grace)
         if core is not None:
             await core.close()
+        self._release_data_dir()
 
     async def wait_for_termination(self) -> None:
         """Wait until the server stops."""
@@ -141,7 +221,7 @@ class AsyncLocalServer:
     def __repr__(self) -> str:
         where = "in memory" if self.in_memory else f"data_dir={str(self.data_dir)!r}"
         state = f"serving on {self.address}" if self._server is not None else "stopped"
-        return f"<AsyncLocalServer {state}, {where}>"
+        return f"<AsyncLocalServer {state}{' over TLS' if self.tls else ''}, {where}>"
 
 
 async def serve(
@@ -156,13 +236,25 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    dedup_hedges: bool = False,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
     """
     server = AsyncLocalServer(
-        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+        host,
+        port,
+        data_dir=data_dir,
+        in_memory=in_memory,
+        faults=faults,
+        iam=iam,
+        authorizer=authorizer,
+        dedup_hedges=dedup_hedges,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     await server.start()
     try:
@@ -182,7 +274,10 @@ class LocalServer:
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`).
+    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS. Messages
+    published while a topic has no subscription are kept, so that :meth:`messages` shows them;
+    ``keep_unsubscribed=False`` drops them, as the real service does (for long runs, where they would
+    only fill memory or disk).
     """
 
     def __init__(
@@ -195,10 +290,26 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        keep_unsubscribed: bool = True,
+        window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+            host,
+            port,
+            data_dir=data_dir,
+            in_memory=in_memory,
+            faults=faults,
+            iam=iam,
+            authorizer=authorizer,
+            keep_unsubscribed=keep_unsubscribed,
+            window=window,
+            dedup_hedges=dedup_hedges,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -215,9 +326,19 @@ class LocalServer:
         return self._server.host
 
     @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (clients use ``endpoint="https://" + address``)."""
+        return self._server.tls
+
+    @property
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def hedge_dedup(self) -> HedgeBatchWindow | None:
+        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
+        return self._server.hedge_dedup
 
     @property
     def faults(self) -> FaultInjector:
@@ -310,7 +431,11 @@ class LocalServer:
         return core
 
     def messages(self, topic: str) -> list[StoredMessage]:
-        """Every message stored on ``topic`` (full name), in publish order."""
+        """Every message still stored on ``topic`` (full name), in publish order.
+
+        That is every message published while the topic had no subscription (unless
+        ``keep_unsubscribed=False``), and those some subscription has not acknowledged yet.
+        """
 
         async def read() -> list[StoredMessage]:
             return self._core().messages(topic)

@@ -90,8 +90,6 @@ def check_subscription_fields(config: Any) -> None:
             raise ServiceError(
                 StatusCode.UNIMPLEMENTED, f"{kind} subscriptions are not supported by this server."
             )
-    if config.enable_exactly_once_delivery:
-        raise ServiceError(StatusCode.UNIMPLEMENTED, "Exactly-once delivery is not supported by this server.")
     if config.HasField("dead_letter_policy") and config.dead_letter_policy.dead_letter_topic:
         policy = config.dead_letter_policy
         limits.check_topic_name(policy.dead_letter_topic)
