@@ -68,10 +68,10 @@ class _EndpointRecorder:
         self.attempts_failed = 0
         self.wins = 0
 
-    def sent(self, hedge: bool) -> None:
+    def sent(self, attempts: int, hedges: int) -> None:
         with self._lock:
-            self.attempts_sent += 1
-            self.hedges_sent += hedge
+            self.attempts_sent += attempts
+            self.hedges_sent += hedges
 
     def answered(self, seconds: float) -> None:
         micros = min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
@@ -182,10 +182,25 @@ class EndpointRoutes:
         """Endpoint ``index``'s counters."""
         return self._recorders[index]
 
-    def record_win(self, attempt_number: int | None) -> None:
-        """Count the win of the endpoint that attempt ``attempt_number`` went to (``None``: no winner)."""
-        if attempt_number is not None:
-            self._recorders[self.index_for(attempt_number)].won()
+    def record_batch(self, attempts_sent: int, hedges_sent: int, winner_attempt: int | None) -> None:
+        """Count a finished batch's attempts per endpoint, and its winner's endpoint (``None``: none).
+
+        Counted from the engine's totals, which the rotation maps to endpoints exactly (hedges 1 to
+        ``hedges_sent`` were sent), so that the endpoints add up to the publisher's ``attempts_sent``
+        and ``hedges_sent`` even for a hedge cancelled before its task ever reached the transport.
+        """
+        others = len(self.labels) - 1
+        if others == 0:
+            self._recorders[0].sent(attempts_sent, hedges_sent)
+        else:
+            self._recorders[0].sent(attempts_sent - hedges_sent, 0)
+            rounds, rest = divmod(hedges_sent, others)
+            for offset in range(others):
+                hedges = rounds + (1 if offset < rest else 0)
+                if hedges:
+                    self._recorders[1 + offset].sent(hedges, hedges)
+        if winner_attempt is not None:
+            self._recorders[self.index_for(winner_attempt)].won()
 
     def snapshot(self) -> Mapping[str, EndpointStats]:
         """Every endpoint's stats by label, the primary first."""

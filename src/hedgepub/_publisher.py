@@ -613,7 +613,6 @@ class _PublisherCore:
                 # The engine says when; the attempt number says where (see hedgepub._endpoints).
                 index = routes.index_for(attempt_number)
                 recorder = routes.recorder(index)
-                recorder.sent(attempt_number > 0)
                 sent_at = clock.now()
                 try:
                     ids = await routes.transport(index).publish(
@@ -647,6 +646,7 @@ class _PublisherCore:
             )
             try:
                 self.stats_recorder.record_batch(len(batch.futures), cut_off)
+                routes.record_batch(cut_off.attempts_sent, cut_off.hedges_sent, None)
                 if traced is not None:
                     traced.end(cut_off)
             finally:
@@ -661,7 +661,7 @@ class _PublisherCore:
             return
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
-            routes.record_win(outcome.winner_attempt)
+            routes.record_batch(outcome.attempts_sent, outcome.hedges_sent, outcome.winner_attempt)
             if traced is not None:
                 traced.end(outcome)
         finally:

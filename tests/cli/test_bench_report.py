@@ -180,12 +180,15 @@ class TestDocument:
         p99 = document["results"]["hedged"]["p99_ms"] / document["results"]["unhedged"]["p99_ms"]
         assert f"({p99:.2f}x)" in text
         assert "hedge delay (ms)" in text
-        assert build_table(document).row_count == 12
+        assert "duplicates after dedup" in text
+        # hedges that all went to the primary need no per-endpoint rows
+        assert "hedges to" not in text
+        assert build_table(document).row_count == 13
 
     def test_the_markdown_table_has_a_header_and_one_line_per_measure(self) -> None:
         lines = render_markdown(_document()).splitlines()
         assert lines[0] == "| measure | unhedged | hedged |"
-        assert len(lines) == 14
+        assert len(lines) == 15
         assert all(line.startswith("|") and line.endswith("|") for line in lines)
 
 

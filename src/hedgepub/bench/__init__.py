@@ -12,6 +12,8 @@
 from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 from hedgepub.bench._experiment import (
     DEFAULT_MIX,
+    DEFAULT_STALL,
+    SCENARIOS,
     BenchConfig,
     BenchProgress,
     BenchRun,
@@ -33,9 +35,11 @@ from hedgepub.bench._schedule import arrival_times, pair_orders
 
 __all__ = [
     "DEFAULT_MIX",
+    "DEFAULT_STALL",
     "EMULATOR_HOST_VARIABLE",
     "LABEL_GID",
     "RESULT_KEYS",
+    "SCENARIOS",
     "AdminClient",
     "BenchConfig",
     "BenchProgress",

@@ -75,7 +75,9 @@ def latency_cdf_figure(
     figure, axes = plt.subplots(figsize=_FIGURE_SIZE, dpi=_DPI)
     colours: dict[str, str] = {}
     highest_share = 0.0
-    others = iter(_OTHER_COLOURS * len(latencies_ms))
+    # Names without a colour of their own skip the ones taken by named publishers of this plot.
+    taken = {_COLOURS[name] for name in latencies_ms if name in _COLOURS}
+    others = iter([colour for colour in _OTHER_COLOURS if colour not in taken] * len(latencies_ms))
     for name, ordered in latencies_ms.items():
         colours[name] = _COLOURS.get(name) or next(others)
         if name not in shown:

@@ -42,6 +42,8 @@ RESULT_KEYS: tuple[str, ...] = (
     "hedges_won",
     "duplicates",
     "hedge_delay_ms",
+    "duplicates_after_dedup",
+    "hedges_by_endpoint",
 )
 
 #: The name of the publisher every other is compared with.
@@ -99,6 +101,12 @@ class PublisherResult:
     duplicates: int
     #: The hedge delay at the end of the measured period (the adaptive one moves); ``None`` unhedged.
     hedge_delay_ms: float | None = None
+    #: Copies left once the stored messages go through :class:`~hedgepub.Deduplicator` (0 when the
+    #: publisher stamped idempotency keys; as many as ``duplicates`` when it did not).
+    duplicates_after_dedup: int = 0
+    #: Hedges sent to each endpoint during the measured period: ``primary``, and ``second`` (the
+    #: correlated-stalls scenario's other server).
+    hedges_by_endpoint: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_measurements(
@@ -111,6 +119,8 @@ class PublisherResult:
         hedges_won: int,
         duplicates: int,
         hedge_delay_ms: float | None = None,
+        duplicates_after_dedup: int | None = None,
+        hedges_by_endpoint: Mapping[str, int] | None = None,
     ) -> PublisherResult:
         """Summarise the recorded latencies and the publisher's counters."""
         publishes = recorder.count + failed
@@ -127,6 +137,8 @@ class PublisherResult:
             hedges_won=hedges_won,
             duplicates=duplicates,
             hedge_delay_ms=hedge_delay_ms,
+            duplicates_after_dedup=duplicates if duplicates_after_dedup is None else duplicates_after_dedup,
+            hedges_by_endpoint=dict(hedges_by_endpoint) if hedges_by_endpoint is not None else {},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,7 +150,9 @@ class PublisherResult:
         return entry
 
 
-def _json_number(value: float | int | None) -> float | int | None:
+def _json_number(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _json_number(item) for key, item in value.items()}
     if value is None or isinstance(value, int):
         return value
     if math.isnan(value):
@@ -203,8 +217,17 @@ def _rows(document: Mapping[str, Any]) -> Iterable[list[str]]:
         ("published", "published"),
         ("failed", "failed"),
         ("duplicates", "duplicates on server"),
+        ("duplicates_after_dedup", "duplicates after dedup"),
     ):
-        yield [label, *(str(results[n][key]) for n in names)]
+        yield [label, *(str(results[n].get(key, "-")) for n in names)]
+    endpoints = list(dict.fromkeys(e for n in names for e in results[n].get("hedges_by_endpoint") or {}))
+    if endpoints != ["primary"] and endpoints:
+        # Only worth a row each when hedges went somewhere other than the primary.
+        for endpoint in endpoints:
+            yield [
+                f"hedges to {endpoint}",
+                *(str((results[n].get("hedges_by_endpoint") or {}).get(endpoint, 0)) for n in names),
+            ]
 
 
 def format_ms(value: float | None) -> str:

@@ -15,6 +15,7 @@ loses it, and a forwarding that fails puts it back up for delivery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ from hedgepub.server._delivery import (
     SubscriptionState,
     dead_letter_copy,
 )
+from hedgepub.server._expiration import ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
 from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
@@ -79,6 +81,7 @@ class PubSubCore:
         self._next_sequence = 1
         self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
+        self._expiration = ExpirationWatch(clock, self._expire_subscription)
         #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
         #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
         self.may_forward: Callable[[str, str], bool] | None = None
@@ -100,6 +103,7 @@ class PubSubCore:
             state = self._new_state(config)
             state.more = not config.detached  # its backlog, if any, is read when first needed
             self._subscriptions[name] = state
+            self._expiration.watch(config)
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
 
@@ -112,6 +116,7 @@ class PubSubCore:
     async def close(self) -> None:
         """Stop timers and background work, and close the store."""
         self._leasing.close()
+        self._expiration.close()
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -130,6 +135,7 @@ class PubSubCore:
         self._policies.clear()
         self.schemas.clear()
         self._leasing.clear()
+        self._expiration.close()
         await self._store.clear()
 
     def messages(self, topic: str) -> list[StoredMessage]:
@@ -299,6 +305,7 @@ class PubSubCore:
         state = self._new_state(config)
         self._subscriptions[name] = state
         self._attached.setdefault(config.topic, {})[name] = state
+        self._expiration.watch(config)
         return config
 
     def get_subscription(self, name: str) -> Any:
@@ -314,6 +321,7 @@ class PubSubCore:
         resources.check_subscription_fields(config)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
+        self._expiration.watch(config)  # an update is activity, and may change the ttl
         return config
 
     def list_subscriptions(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
@@ -332,8 +340,17 @@ class PubSubCore:
         if self._subscriptions.get(name) is state:
             del self._subscriptions[name]
             self._attached.get(state.config.topic, {}).pop(name, None)
+            self._expiration.forget(name)
             state.drain()
             state.close()
+
+    def _expire_subscription(self, name: str) -> None:
+        """Expiration timer: delete a subscription that was inactive for its ttl."""
+        self._spawn(self._delete_expired(name))
+
+    async def _delete_expired(self, name: str) -> None:
+        with contextlib.suppress(ServiceError):  # deleted meanwhile
+            await self.delete_subscription(name)
 
     # ----------------------------------------------------------------- delivery
     def _deliverable(self, name: str) -> SubscriptionState:
@@ -410,6 +427,7 @@ class PubSubCore:
     ) -> Consumer:
         """Check a subscription can deliver, and make a consumer (flow-control window) for it."""
         self._deliverable(subscription)
+        self._expiration.stream_opened(subscription)
         return Consumer(ack_deadline, max_messages, max_bytes)
 
     async def pull(self, subscription: str, max_messages: int, wait_seconds: float) -> list[Any]:
@@ -417,6 +435,7 @@ class PubSubCore:
         if max_messages <= 0:
             raise invalid(f"Invalid max_messages given: {max_messages}. It must be positive.")
         state = self._deliverable(subscription)
+        self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds))
         taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
@@ -444,6 +463,8 @@ class PubSubCore:
 
     def close_consumer(self, subscription: str, consumer: Consumer) -> None:
         """The stream ended; its leases keep their deadlines and run out as the real service's do."""
+        if not consumer.closed:
+            self._expiration.stream_closed(subscription)
         consumer.closed = True
         state = self._subscriptions.get(subscription)
         if state is not None:
@@ -456,6 +477,7 @@ class PubSubCore:
         whose answer to them would be a confirmation this server does not send) drops those failures.
         """
         state = self._subscription(subscription)
+        self._expiration.touch(subscription)
         failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
@@ -467,6 +489,7 @@ class PubSubCore:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
         delivery, ack IDs without a valid lease fail as in :meth:`acknowledge`."""
         state = self._subscription(subscription)
+        self._expiration.touch(subscription)
         limits.check_ack_deadline(seconds, allow_zero=True, field="ack_deadline_seconds")
         failures = self._check_ack_ids(state, ack_ids)
         state.modify(ack_ids, seconds)

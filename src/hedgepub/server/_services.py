@@ -25,6 +25,7 @@ from google.rpc import status_pb2
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DISK_FULL_MESSAGE, disk_full
 from hedgepub.server._hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
 from hedgepub.server._resources import page
@@ -216,7 +217,7 @@ class PubSubServicer:
         consumer = core.open_consumer(
             subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
         )
-        failure: list[ServiceError] = []
+        failure: list[Exception] = []
 
         def apply(request: Any) -> None:
             if request.stream_ack_deadline_seconds:
@@ -244,10 +245,10 @@ class PubSubServicer:
                     apply(request)
                     if request.ack_ids:
                         await core.acknowledge(subscription, request.ack_ids, report=False)
-            except ServiceError as error:
-                failure.append(error)
             except (asyncio.CancelledError, grpc.RpcError):
                 pass
+            except Exception as error:  # e.g. an ack the store could not write: end the stream with it
+                failure.append(error)
             finally:
                 core.close_consumer(subscription, consumer)
 
@@ -384,6 +385,9 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exceptio
     """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
     if isinstance(error, ServiceError):
         await context.abort(_grpc_code(error.code), error.message, _status_details(error))
+    if disk_full(error):  # not a bug: the store refused a write, and recovers by itself when space returns
+        logger.warning("%s: the disk is full (%s); answered UNAVAILABLE", method, error)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL_MESSAGE)
     logger.error("%s failed", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
 
