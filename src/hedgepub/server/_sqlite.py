@@ -35,8 +35,21 @@ CREATE TABLE IF NOT EXISTS refs (
     sequence INTEGER NOT NULL,
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS refs_by_sequence ON refs (sequence);
+CREATE TABLE IF NOT EXISTS counts (sequence INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
 """
+# How an acknowledgement (subscription ?1, sequence ?2) drops a reference, in this order. A message with
+# one reference has no ``counts`` row (the common case: one subscription, no extra b-tree to write at
+# publish); one with more counts its live references there. Each statement acts only if the reference
+# exists, so acknowledging twice, or a message the subscription never had, changes nothing.
+_REFERENCED = "EXISTS (SELECT 1 FROM refs WHERE subscription = ?1 AND sequence = ?2)"
+_UNREFERENCE = (
+    # The last reference: the message goes.
+    f"DELETE FROM messages WHERE sequence = ?2 AND {_REFERENCED} "
+    "AND COALESCE((SELECT refs FROM counts WHERE sequence = ?2), 1) <= 1",
+    f"UPDATE counts SET refs = refs - 1 WHERE sequence = ?2 AND {_REFERENCED}",
+    "DELETE FROM refs WHERE subscription = ?1 AND sequence = ?2",
+    "DELETE FROM counts WHERE sequence = ?2 AND refs <= 0",
+)
 _TABLES = ("topics", "subscriptions", "policies", "schemas")
 #: Most operations folded into one transaction, so one commit never grows without bound.
 _MAX_GROUP = 512
@@ -104,13 +117,29 @@ class SqliteStore:
         connection.execute("PRAGMA busy_timeout=10000")
         # The WAL is truncated back to this after a checkpoint, so a burst does not leave a large file.
         connection.execute("PRAGMA journal_size_limit=16777216")
+        # Checkpoints (copying the WAL into the database, with an fsync) every 16 MiB rather than SQLite's
+        # default 4 MiB: a quarter as many, which the ingest rate shows.
+        connection.execute("PRAGMA wal_autocheckpoint=4096")
         connection.executescript(_SCHEMA)
         return connection
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
-        """Bring a file of the earlier layout (a ``pending`` row per subscription name) to references."""
-        old = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pending'")
-        if old.fetchone() is None:
+        """Bring a file of an earlier layout to this one.
+
+        The first layout kept a ``pending`` row per (subscription name, sequence) and every message for
+        good; the next one found a message's references through an index on ``refs (sequence)`` instead
+        of ``counts``.
+        """
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
+        if "refs_by_sequence" in tables:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "INSERT OR REPLACE INTO counts (sequence, refs) "
+                "SELECT sequence, COUNT(*) FROM refs GROUP BY sequence HAVING COUNT(*) > 1"
+            )
+            connection.execute("DROP INDEX refs_by_sequence")
+            connection.execute("COMMIT")
+        if "pending" not in tables:
             return
         connection.execute("BEGIN IMMEDIATE")
         connection.execute("INSERT OR IGNORE INTO subscription_ids (name) SELECT name FROM subscriptions")
@@ -123,7 +152,7 @@ class SqliteStore:
             "MAX(COALESCE((SELECT MAX(sequence) FROM messages), 0) + 1, "
             "COALESCE((SELECT value FROM counters WHERE name = 'next_sequence'), 1))"
         )
-        unreferenced = "NOT EXISTS (SELECT 1 FROM refs r WHERE r.sequence = messages.sequence)"
+        unreferenced = "sequence NOT IN (SELECT sequence FROM refs)"
         if self.keep_unsubscribed:
             connection.execute(
                 f"INSERT INTO refs (subscription, sequence) SELECT {_KEEP}, sequence FROM messages "
@@ -131,6 +160,10 @@ class SqliteStore:
             )
         else:
             connection.execute(f"DELETE FROM messages WHERE {unreferenced}")
+        connection.execute(
+            "INSERT INTO counts (sequence, refs) "
+            "SELECT sequence, COUNT(*) FROM refs GROUP BY sequence HAVING COUNT(*) > 1"
+        )
         connection.execute("DROP TABLE pending")
         connection.execute("DROP INDEX IF EXISTS messages_by_topic")
         connection.execute("COMMIT")
@@ -317,12 +350,11 @@ class SqliteStore:
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"DELETE FROM {kind} WHERE name = ?", (name,))
             if identifier is not None:
-                sequences = connection.execute(
-                    "SELECT sequence FROM refs WHERE subscription = ?", (identifier,)
+                rows = connection.execute(
+                    "SELECT subscription, sequence FROM refs WHERE subscription = ?", (identifier,)
                 ).fetchall()
-                connection.execute("DELETE FROM refs WHERE subscription = ?", (identifier,))
+                _unreference(connection, rows)
                 connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
-                _drop_unreferenced(connection, sequences)
 
         await self._write(operation)
 
@@ -343,12 +375,13 @@ class SqliteStore:
         ids = ids or [_KEEP]
         rows = [(sequence, topic, message.SerializeToString()) for sequence, message in messages]
         references = [(identifier, row[0]) for identifier in ids for row in rows]
+        counts = [(row[0], len(ids)) for row in rows] if len(ids) > 1 else []
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.executemany("INSERT INTO messages (sequence, topic, body) VALUES (?, ?, ?)", rows)
-            connection.executemany(
-                "INSERT OR IGNORE INTO refs (subscription, sequence) VALUES (?, ?)", references
-            )
+            connection.executemany("INSERT INTO refs (subscription, sequence) VALUES (?, ?)", references)
+            if counts:
+                connection.executemany("INSERT INTO counts (sequence, refs) VALUES (?, ?)", counts)
 
         await self._write(operation)
 
@@ -364,8 +397,7 @@ class SqliteStore:
         def operation(connection: sqlite3.Connection) -> None:
             # Retained acknowledged messages (retain_acked_messages, snapshots) would keep the reference
             # here, marked acknowledged with its time, instead of deleting it.
-            connection.executemany("DELETE FROM refs WHERE subscription = ? AND sequence = ?", rows)
-            _drop_unreferenced(connection, [(sequence,) for _, sequence in rows])
+            _unreference(connection, rows)
 
         await self._write(operation)
 
@@ -376,7 +408,7 @@ class SqliteStore:
 
         def operation(connection: sqlite3.Connection) -> None:
             _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-            for table in (*_TABLES, "refs", "subscription_ids", "messages"):
+            for table in (*_TABLES, "refs", "counts", "subscription_ids", "messages"):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation)
@@ -426,12 +458,10 @@ def _keep_counter_above(connection: sqlite3.Connection, highest_query: str, *par
     )
 
 
-def _drop_unreferenced(connection: sqlite3.Connection, sequences: list[tuple[int]]) -> None:
-    """Delete those of ``sequences`` whose message no reference needs any more."""
-    if not sequences:
+def _unreference(connection: sqlite3.Connection, rows: list[tuple[int, int]]) -> None:
+    """Drop the references (subscription id, sequence) in ``rows``, and the messages left with none."""
+    if not rows:
         return
     _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-    connection.executemany(
-        "DELETE FROM messages WHERE sequence = ?1 AND NOT EXISTS (SELECT 1 FROM refs WHERE sequence = ?1)",
-        sequences,
-    )
+    for statement in _UNREFERENCE:
+        connection.executemany(statement, rows)
