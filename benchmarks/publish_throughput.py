@@ -8,6 +8,12 @@ the machine's noise; the figure reported for each is its median over the rounds.
     python benchmarks/publish_throughput.py [--messages 100000] [--rounds 3]
 
 Targets: hedgepub >= 4x the official client; hedging on (not triggered) >= 0.95x hedging off.
+
+With ``--otel`` it measures OpenTelemetry's cost instead: hedgepub's sync client (hedging on, never
+triggered) without OpenTelemetry importable, with it installed but off, on with the API's no-op providers,
+and on with the SDK (spans batched to an exporter that drops them, metrics kept in memory); and, for
+reference, the official client with its tracing on and the same SDK set-up. Each runs in a fresh child
+process, so that all start equal. Target: installed but off >= 0.97x without.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 PROJECT = "bench-project"
 PAYLOAD = b"x" * 100
@@ -107,6 +114,110 @@ def run_official(topic: str, messages: int) -> float:
         publisher.stop()
 
 
+#: The --otel variants: (name, OpenTelemetry importable, enabled, SDK providers). "official-sdk" is
+#: google-cloud-pubsub's client with its own tracing on, for reference.
+OTEL_VARIANTS = (
+    ("without", False, False, False),
+    ("off", True, False, False),
+    ("on-noop", True, True, False),
+    ("on-sdk", True, True, True),
+    ("official-sdk", True, True, True),
+)
+
+
+def _otel_child(
+    variant: str, address: str, topic: str, messages: int, result: multiprocessing.connection.Connection
+) -> None:
+    _name, importable, enabled, sdk = next(entry for entry in OTEL_VARIANTS if entry[0] == variant)
+    if not importable:
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # as if the extra were not installed
+    os.environ["PUBSUB_EMULATOR_HOST"] = address
+    from hedgepub import HedgingSettings, PublisherClient
+
+    arguments: dict[str, object] = {}
+    if enabled:
+        arguments["enable_open_telemetry"] = True
+    if sdk:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Dropping(SpanExporter):
+            def export(self, spans: object) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(BatchSpanProcessor(Dropping()))
+        arguments["tracer_provider"] = tracer_provider
+        arguments["meter_provider"] = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    publisher: Any
+    if variant == "official-sdk":
+        from google.cloud import pubsub_v1
+        from opentelemetry import metrics, trace
+
+        trace.set_tracer_provider(arguments["tracer_provider"])  # type: ignore[arg-type]  # it reads the global one
+        metrics.set_meter_provider(arguments["meter_provider"])  # type: ignore[arg-type]
+        options = pubsub_v1.types.PublisherOptions(enable_open_telemetry_tracing=True)
+        publisher = pubsub_v1.PublisherClient(publisher_options=options)
+        publisher.shutdown = publisher.stop
+    else:
+        publisher = PublisherClient(hedging_settings=HedgingSettings(hedge_delay=HEDGE_DELAY), **arguments)  # type: ignore[arg-type]
+
+    def publish_all(count: int) -> int:
+        publish = publisher.publish
+        futures = [publish(topic, PAYLOAD) for _ in range(count)]
+        return sum(1 for future in futures if future.result())
+
+    try:
+        publish_all(2_000)  # warm-up: channel, code paths
+        result.send(_measure(lambda: publish_all(messages), messages))
+    finally:
+        publisher.shutdown()
+
+
+def otel_comparison(
+    address: str,
+    context: multiprocessing.context.SpawnContext,
+    messages: int,
+    rounds: int,
+    variants: list[str] | None = None,
+) -> int:
+    """The --otel run: every variant once per round in its own child process; medians and ratios."""
+    chosen = set(variants or ()) | {"without", "off"} if variants else {name for name, *_ in OTEL_VARIANTS}
+    unknown = chosen - {name for name, *_ in OTEL_VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown --otel-variants: {', '.join(sorted(unknown))}")
+    results: dict[str, list[float]] = {name: [] for name, *_ in OTEL_VARIANTS if name in chosen}
+    names = list(results)
+    for round_number in range(rounds):
+        order = names[round_number % len(names) :] + names[: round_number % len(names)]
+        for name in order:
+            receive, send = context.Pipe(duplex=False)
+            topic = create_topic(address, f"otel-{round_number}-{name}")
+            child = context.Process(target=_otel_child, args=(name, address, topic, messages, send))
+            child.start()
+            rate = receive.recv()
+            child.join(60)
+            results[name].append(rate)
+            print(f"round {round_number + 1} {name:>12}: {rate:>10,.0f} messages/s", flush=True)
+    medians = {name: statistics.median(rates) for name, rates in results.items()}
+    without = medians["without"]
+    print()
+    print(
+        f"{messages:,} messages of {len(PAYLOAD)} bytes, hedging on (never triggered), "
+        f"{rounds} rounds (medians)"
+    )
+    for name in names:
+        print(f"{name:>12}: {medians[name]:>10,.0f} messages/s  {medians[name] / without:>5.2f}x of without")
+    off_ratio = medians["off"] / without
+    print(
+        f"installed but off / without: {off_ratio:.2f}x  (target >= 0.97x)  "
+        f"{'ok' if off_ratio >= 0.97 else 'MISSED'}"
+    )
+    return 0 if off_ratio >= 0.97 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print messages/s and ratios; exit status 1 when a target is missed."""
     parser = argparse.ArgumentParser(
@@ -114,7 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--messages", type=int, default=100_000, help="messages per client per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs all three clients)")
+    parser.add_argument(
+        "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
+    )
+    parser.add_argument(
+        "--otel-variants",
+        default=None,
+        help="with --otel, the variants to run, comma-separated (without and off always run): "
+        + ",".join(name for name, *_ in OTEL_VARIANTS),
+    )
     options = parser.parse_args(argv)
+    if options.otel:
+        context = multiprocessing.get_context("spawn")
+        with local_server(context) as address:
+            variants = options.otel_variants.split(",") if options.otel_variants else None
+            return otel_comparison(address, context, options.messages, options.rounds, variants)
 
     results: dict[str, list[float]] = {"off": [], "on": [], "official": []}
     hedges = 0
@@ -133,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate, sent = run_hedgepub(topic, options.messages, hedging=name == "on")
                     hedges += sent
                 results[name].append(rate)
-                print(f"round {round_number + 1} {name:>8}: {rate:>10,.0f} messages/s", flush=True)
+                print(f"round {round_number + 1} {name:>12}: {rate:>10,.0f} messages/s", flush=True)
 
     off, on, official = (statistics.median(results[name]) for name in ("off", "on", "official"))
     speedup, hedging_ratio = off / official, on / off

@@ -9,6 +9,7 @@ mount; each test skips itself where the machine does not allow it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -18,13 +19,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from google.cloud import pubsub_v1
 from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import DataDirError, LocalServer
-from hedgepub.server._datadir import DATABASE_FILE
+from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="flock, chattr and mounts are POSIX")
 
@@ -206,3 +209,69 @@ def test_a_read_only_file_system_is_refused_before_ready(tmp_path: Path) -> None
     with _mounted_tmpfs(data, "ro,size=1m"):
         line = _one_line_error(_serve(data))
     assert line == f"Error: data directory {data} cannot be written: Read-only file system"
+
+
+# ------------------------------------------------------------------------------------------ a full disk
+def _publish_call(channel: grpc.Channel) -> Any:
+    return channel.unary_unary(
+        "/google.pubsub.v1.Publisher/Publish",
+        request_serializer=types.PublishRequest.pb().SerializeToString,
+        response_deserializer=types.PublishResponse.pb().FromString,
+    )
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system has no space left."""
+    chunk = b"\0" * 65536
+    with open(path, "wb") as ballast:
+        try:
+            while True:
+                ballast.write(chunk)
+                ballast.flush()
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+
+
+def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = tmp_path / "small"
+    with _mounted_tmpfs(small, "size=8m"), LocalServer(data_dir=small / "data") as server:
+        _publish_some(server, 10)  # the topic, and messages stored before the disk fills
+        with grpc.insecure_channel(server.address) as channel:
+            create = channel.unary_unary(
+                "/google.pubsub.v1.Subscriber/CreateSubscription",
+                request_serializer=types.Subscription.pb().SerializeToString,
+                response_deserializer=types.Subscription.pb().FromString,
+            )
+            create(types.Subscription.pb()(name="projects/p/subscriptions/audit", topic=TOPIC), timeout=10)
+            publish = _publish_call(channel)
+            stored = 10
+            _fill(small / "ballast")
+            payload = types.PubsubMessage.pb()(data=b"x" * 200_000)
+            refused = None
+            for _ in range(100):  # what is left of the WAL and the pages fills within a few requests
+                try:
+                    publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                    stored += 1
+                except grpc.RpcError as error:
+                    refused = error
+                    break
+            assert refused is not None, "the disk never filled"
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+            assert refused.details() == DISK_FULL_MESSAGE
+            assert server.running
+            # The official publisher retries UNAVAILABLE: a publish made while the disk is full succeeds
+            # once space returns, on the same server, with no restart.
+            monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+            official = pubsub_v1.PublisherClient()
+            future = official.publish(TOPIC, b"y" * 200_000)
+            time.sleep(0.5)
+            assert not future.done()
+            (small / "ballast").unlink()
+            assert future.result(timeout=60)
+            stored += 1
+            for _ in range(3):
+                publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                stored += 1
+            assert len(server.messages(TOPIC)) == stored  # the refused request left nothing behind

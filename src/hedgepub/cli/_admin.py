@@ -28,6 +28,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -424,22 +425,55 @@ def pull(
 ) -> None:
     """Pull up to --max messages from SUBSCRIPTION and print them: ID, data and attributes, one a line.
 
-    Without --ack the messages are delivered again once their ack deadline passes.
+    Without --ack the messages are delivered again once their ack deadline passes. Each message is printed
+    as soon as it arrives; if pulling or printing fails (or Ctrl-C), the messages not yet printed are
+    handed back at once (ModifyAckDeadline 0) and, with --ack, those printed are acknowledged.
     """
     path = target.path("subscriptions", subscription)
-    received: list[Any] = []
+    delivered: list[Any] = []
     with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path}"):
         admin.get_subscription(path)
-        batch = admin.pull(path, max_messages, wait=wait)
-        # a Pull may answer with only part of what is there; ask again while it keeps answering
-        while batch:
-            received.extend(batch)
-            if len(received) >= max_messages:
-                break
-            batch = admin.pull(path, max_messages - len(received), wait=min(wait, 0.2))
-        for message in received:
-            click.echo(_describe(message, as_json))
-        if ack and received:
-            admin.acknowledge(path, [message.ack_id for message in received])
-    if not received:
+        undelivered: list[Any] = []
+        try:
+            batch = admin.pull(path, max_messages, wait=wait)
+            # a Pull may answer with only part of what is there; ask again while it keeps answering
+            while batch:
+                undelivered = list(batch)
+                while undelivered:
+                    click.echo(_describe(undelivered[0], as_json))
+                    delivered.append(undelivered.pop(0))
+                if len(delivered) >= max_messages:
+                    break
+                batch = admin.pull(path, max_messages - len(delivered), wait=min(wait, 0.2))
+        except BaseException as error:
+            _settle_after_failure(admin, path, undelivered, delivered if ack else [])
+            if isinstance(error, BrokenPipeError):
+                _quiet_broken_stdout()
+                click.echo(
+                    f"error: the output closed after {len(delivered)} messages; "
+                    f"{len(undelivered)} not printed were handed back for redelivery",
+                    err=True,
+                )
+                raise click.exceptions.Exit(EXIT_FAILED) from None
+            raise
+        if ack and delivered:
+            admin.acknowledge(path, [message.ack_id for message in delivered])
+    if not delivered:
         click.echo("no messages", err=True)
+
+
+def _settle_after_failure(admin: AdminClient, path: str, undelivered: list[Any], to_ack: list[Any]) -> None:
+    """Hand back what the user never saw, acknowledge what they did (with --ack); best effort."""
+    with contextlib.suppress(PublishError):
+        if undelivered:
+            admin.modify_ack_deadline(path, [message.ack_id for message in undelivered], 0)
+    with contextlib.suppress(PublishError):
+        if to_ack:
+            admin.acknowledge(path, [message.ack_id for message in to_ack])
+
+
+def _quiet_broken_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's exit does not report the closed pipe once more."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -15,6 +15,7 @@ loses it, and a forwarding that fails puts it back up for delivery.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -36,7 +37,9 @@ from hedgepub.server._delivery import (
     SubscriptionState,
     dead_letter_copy,
 )
+from hedgepub.server._expiration import ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._push import PushDispatcher
 from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
 
@@ -79,12 +82,15 @@ class PubSubCore:
         self._next_sequence = 1
         self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
+        self._expiration = ExpirationWatch(clock, self._expire_subscription)
         #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
         #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
         self.may_forward: Callable[[str, str], bool] | None = None
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
+        #: One push worker per push subscription (started and stopped as subscriptions change).
+        self.push = PushDispatcher(self, clock)
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -100,8 +106,15 @@ class PubSubCore:
             state = self._new_state(config)
             state.more = not config.detached  # its backlog, if any, is read when first needed
             self._subscriptions[name] = state
+            self._expiration.watch(config)
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # loaded outside a loop (some tests): push starts with the next change
+            return
+        for name in self._subscriptions:
+            self.push.sync(name)
 
     def _new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
@@ -110,8 +123,10 @@ class PubSubCore:
         return state
 
     async def close(self) -> None:
-        """Stop timers and background work, and close the store."""
+        """Stop push delivery, timers and background work, and close the store."""
+        await self.push.close()
         self._leasing.close()
+        self._expiration.close()
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -122,6 +137,7 @@ class PubSubCore:
 
     async def clear(self) -> None:
         """Delete every topic, subscription, policy and message."""
+        await self.push.close()
         for state in self._subscriptions.values():
             state.close()
         self._topics.clear()
@@ -130,6 +146,7 @@ class PubSubCore:
         self._policies.clear()
         self.schemas.clear()
         self._leasing.clear()
+        self._expiration.close()
         await self._store.clear()
 
     def messages(self, topic: str) -> list[StoredMessage]:
@@ -226,6 +243,7 @@ class PubSubCore:
             after = page[-1][0]
             await self._store.ack(name, [sequence for sequence, _ in page])
         state.notify()
+        self.push.sync(name)
 
     # ----------------------------------------------------------------- publish
     async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
@@ -299,6 +317,8 @@ class PubSubCore:
         state = self._new_state(config)
         self._subscriptions[name] = state
         self._attached.setdefault(config.topic, {})[name] = state
+        self._expiration.watch(config)
+        self.push.sync(name)
         return config
 
     def get_subscription(self, name: str) -> Any:
@@ -314,7 +334,19 @@ class PubSubCore:
         resources.check_subscription_fields(config)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
+        self._expiration.watch(config)  # an update is activity, and may change the ttl
+        self.push.sync(config.name)  # push_config may have switched it between push and pull
         return config
+
+    async def modify_push_config(self, name: str, push_config: Any) -> None:
+        """ModifyPushConfig: an endpoint makes it a push subscription; an empty config makes it pull."""
+        state = self._subscription(name)
+        config = resources.copy_with(state.config)
+        config.push_config.CopyFrom(push_config)
+        resources.check_subscription_fields(config)
+        await self._store.put("subscriptions", name, config)
+        state.config = config
+        self.push.sync(name)
 
     def list_subscriptions(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
         """ListSubscriptions: one page of the project's subscriptions, sorted by name."""
@@ -332,18 +364,45 @@ class PubSubCore:
         if self._subscriptions.get(name) is state:
             del self._subscriptions[name]
             self._attached.get(state.config.topic, {}).pop(name, None)
+            self._expiration.forget(name)
             state.drain()
             state.close()
+            self.push.sync(name)
+
+    def _expire_subscription(self, name: str) -> None:
+        """Expiration timer: delete a subscription that was inactive for its ttl."""
+        self._spawn(self._delete_expired(name))
+
+    async def _delete_expired(self, name: str) -> None:
+        with contextlib.suppress(ServiceError):  # deleted meanwhile
+            await self.delete_subscription(name)
 
     # ----------------------------------------------------------------- delivery
     def _deliverable(self, name: str) -> SubscriptionState:
+        """A subscription Pull and StreamingPull may take from: attached, and not push."""
         state = self._subscription(name)
         if state.config.detached:
             raise ServiceError(
                 StatusCode.FAILED_PRECONDITION,
                 f"The subscription is detached from its topic (subscription={name}).",
             )
+        if state.config.push_config.push_endpoint:
+            raise ServiceError(
+                StatusCode.FAILED_PRECONDITION,
+                "This method is not supported for push subscriptions with a defined push configuration.",
+            )
         return state
+
+    def push_state(self, subscription: str) -> SubscriptionState | None:
+        """The delivery state of a live, attached push subscription (``None`` for anything else)."""
+        state = self._subscriptions.get(subscription)
+        if state is None or state.deleted or state.config.detached:
+            return None
+        return state if state.config.push_config.push_endpoint else None
+
+    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease ready messages for a push worker (as :meth:`pull` does for a caller)."""
+        return self._take(state, consumer, max_messages)
 
     def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
@@ -410,6 +469,7 @@ class PubSubCore:
     ) -> Consumer:
         """Check a subscription can deliver, and make a consumer (flow-control window) for it."""
         self._deliverable(subscription)
+        self._expiration.stream_opened(subscription)
         return Consumer(ack_deadline, max_messages, max_bytes)
 
     async def pull(self, subscription: str, max_messages: int, wait_seconds: float) -> list[Any]:
@@ -417,6 +477,7 @@ class PubSubCore:
         if max_messages <= 0:
             raise invalid(f"Invalid max_messages given: {max_messages}. It must be positive.")
         state = self._deliverable(subscription)
+        self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds))
         taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
@@ -444,6 +505,8 @@ class PubSubCore:
 
     def close_consumer(self, subscription: str, consumer: Consumer) -> None:
         """The stream ended; its leases keep their deadlines and run out as the real service's do."""
+        if not consumer.closed:
+            self._expiration.stream_closed(subscription)
         consumer.closed = True
         state = self._subscriptions.get(subscription)
         if state is not None:
@@ -456,6 +519,7 @@ class PubSubCore:
         whose answer to them would be a confirmation this server does not send) drops those failures.
         """
         state = self._subscription(subscription)
+        self._expiration.touch(subscription)
         failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
@@ -467,6 +531,7 @@ class PubSubCore:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
         delivery, ack IDs without a valid lease fail as in :meth:`acknowledge`."""
         state = self._subscription(subscription)
+        self._expiration.touch(subscription)
         limits.check_ack_deadline(seconds, allow_zero=True, field="ack_deadline_seconds")
         failures = self._check_ack_ids(state, ack_ids)
         state.modify(ack_ids, seconds)

@@ -157,3 +157,33 @@ def open_data_dir(data_dir: str | os.PathLike[str]) -> DataDirLock:
         lock.release()
         raise
     return lock
+
+
+# ------------------------------------------------------------------------------------------- a full disk
+#: SQLite's primary result code for "database or disk is full" (extended codes keep it in the low byte).
+_SQLITE_FULL = 13
+
+#: What a client is told when a write fails because the disk is full. UNAVAILABLE, not
+#: RESOURCE_EXHAUSTED: the real service uses RESOURCE_EXHAUSTED for a caller over its quota or flow
+#: control (the caller should send less), UNAVAILABLE for the service being unable to serve for now (retry
+#: with back-off), which is the case here; and the official clients retry UNAVAILABLE on every RPC that
+#: writes (Publish, Acknowledge, ModifyAckDeadline, Create/Update/Delete...), RESOURCE_EXHAUSTED only on
+#: Publish and StreamingPull, so an acknowledgement answered RESOURCE_EXHAUSTED would be dropped.
+DISK_FULL_MESSAGE = (
+    "The server cannot store this request now: the disk holding its data is full. Nothing was stored; "
+    "retry with back-off, it is served again as soon as space is freed."
+)
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether ``error`` (or what caused it) says the disk, or SQLite's size limit, is full."""
+    while error is not None:
+        if isinstance(error, sqlite3.Error):
+            code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+            if code is not None:
+                return code & 0xFF == _SQLITE_FULL
+            return "database or disk is full" in str(error)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error = error.__cause__
+    return False

@@ -25,6 +25,7 @@ from google.rpc import status_pb2
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DISK_FULL_MESSAGE, disk_full
 from hedgepub.server._hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
 from hedgepub.server._resources import page
@@ -178,6 +179,10 @@ class PubSubServicer:
         await self.core.delete_subscription(request.subscription)
         return _Empty()
 
+    async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
+        await self.core.modify_push_config(request.subscription, request.push_config)
+        return _Empty()
+
     async def Pull(self, request: Any, context: Any) -> Any:
         wait = 0.0
         if not request.return_immediately:
@@ -216,7 +221,7 @@ class PubSubServicer:
         consumer = core.open_consumer(
             subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
         )
-        failure: list[ServiceError] = []
+        failure: list[Exception] = []
 
         def apply(request: Any) -> None:
             if request.stream_ack_deadline_seconds:
@@ -244,10 +249,10 @@ class PubSubServicer:
                     apply(request)
                     if request.ack_ids:
                         await core.acknowledge(subscription, request.ack_ids, report=False)
-            except ServiceError as error:
-                failure.append(error)
             except (asyncio.CancelledError, grpc.RpcError):
                 pass
+            except Exception as error:  # e.g. an ack the store could not write: end the stream with it
+                failure.append(error)
             finally:
                 core.close_consumer(subscription, consumer)
 
@@ -384,6 +389,9 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exceptio
     """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
     if isinstance(error, ServiceError):
         await context.abort(_grpc_code(error.code), error.message, _status_details(error))
+    if disk_full(error):  # not a bug: the store refused a write, and recovers by itself when space returns
+        logger.warning("%s: the disk is full (%s); answered UNAVAILABLE", method, error)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL_MESSAGE)
     logger.error("%s failed", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
 
@@ -440,6 +448,7 @@ _METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
     (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
+    (SUBSCRIBER_SERVICE, "ModifyPushConfig", _pb.ModifyPushConfigRequest.pb(), _Empty, False),
     (
         SUBSCRIBER_SERVICE,
         "StreamingPull",
