@@ -151,9 +151,17 @@ class AdminClient:
         )
 
     # subscriptions
-    def create_subscription(self, subscription: str, topic: str, *, ack_deadline_seconds: int = 10) -> Any:
-        """Create ``subscription`` on ``topic`` (full paths); returns the ``Subscription`` message."""
+    def create_subscription(
+        self, subscription: str, topic: str, *, ack_deadline_seconds: int = 10, push_endpoint: str = ""
+    ) -> Any:
+        """Create ``subscription`` on ``topic`` (full paths); returns the ``Subscription`` message.
+
+        With ``push_endpoint`` (an http or https URL) it is a push subscription: the server POSTs each
+        message there.
+        """
         request = _Subscription(name=subscription, topic=topic, ack_deadline_seconds=ack_deadline_seconds)
+        if push_endpoint:
+            request.push_config.push_endpoint = push_endpoint
         return self._call(_SUBSCRIBER + "CreateSubscription", request, _Subscription)
 
     def get_subscription(self, subscription: str) -> Any:

@@ -291,13 +291,23 @@ def subscriptions() -> None:
     show_default=True,
     help="Seconds a pulled message stays leased before it is delivered again.",
 )
+@click.option(
+    "--push-endpoint",
+    default="",
+    metavar="URL",
+    help="Make it a push subscription: the server POSTs each message to this http(s) URL.",
+)
 @_connection_options
-def subscriptions_create(name: str, topic: str, ack_deadline: int, target: _Target) -> None:
+def subscriptions_create(
+    name: str, topic: str, ack_deadline: int, push_endpoint: str, target: _Target
+) -> None:
     """Create SUBSCRIPTION on --topic and print its path."""
     path = target.path("subscriptions", name)
     topic_path = target.path("topics", topic)
     with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path} or topic {topic_path}"):
-        created = admin.create_subscription(path, topic_path, ack_deadline_seconds=ack_deadline)
+        created = admin.create_subscription(
+            path, topic_path, ack_deadline_seconds=ack_deadline, push_endpoint=push_endpoint
+        )
         click.echo(created.name)
 
 
