@@ -625,7 +625,9 @@ class _PublisherCore:
                 return ids
 
             outcome = await run_batch(
-                attempt if traced is None else traced.wrap(attempt),
+                attempt
+                if traced is None
+                else traced.wrap(attempt, lambda n: routes.labels[routes.index_for(n)]),
                 message_count=len(batch.futures),
                 retry=self.retry,
                 hedging=self.hedging,
