@@ -166,24 +166,13 @@ DOCUMENTED = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
-#: Further codes documented for some methods: snapshots, seek and push are not served by the local
-#: server (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions;
-#: SetIamPolicy answers ABORTED to a stale etag.
+#: Further codes documented for some methods: push (ModifyPushConfig) is not served by the local server
+#: (UNIMPLEMENTED, naming what is missing), nor are push/export subscriptions; snapshots and Seek are
+#: served, so they answer only documented codes; SetIamPolicy answers ABORTED to a stale etag.
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{
         method: frozenset({grpc.StatusCode.UNIMPLEMENTED})
-        for method in (
-            "ListTopicSnapshots",
-            "ModifyPushConfig",
-            "GetSnapshot",
-            "ListSnapshots",
-            "CreateSnapshot",
-            "UpdateSnapshot",
-            "DeleteSnapshot",
-            "Seek",
-            "CreateSubscription",
-            "UpdateSubscription",
-        )
+        for method in ("ModifyPushConfig", "CreateSubscription", "UpdateSubscription")
     },
     "SetIamPolicy": frozenset({grpc.StatusCode.ABORTED}),
 }
