@@ -69,6 +69,7 @@ _RESPONSES: dict[str, tuple[str, Any]] = {
     "CreateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
     "GetSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
     "UpdateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
+    "ModifyPushConfig": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
     "ListSubscriptions": ("google.pubsub.v1.Subscriber", types.ListSubscriptionsResponse.pb()),
     "DeleteSubscription": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
     "Pull": ("google.pubsub.v1.Subscriber", types.PullResponse.pb()),
@@ -263,6 +264,9 @@ def sample_request(method: str, caller: Caller) -> Any:
         "GetSubscription": lambda: types.GetSubscriptionRequest.pb()(subscription=subscription),
         "UpdateSubscription": lambda: types.UpdateSubscriptionRequest.pb()(
             subscription=types.Subscription.pb()(name=subscription, topic=topic, labels={"team": "a"}), **mask
+        ),
+        "ModifyPushConfig": lambda: types.ModifyPushConfigRequest.pb()(
+            subscription=subscription, push_config=types.PushConfig.pb()()
         ),
         "ListSubscriptions": lambda: types.ListSubscriptionsRequest.pb()(project=PROJECT),
         "DeleteSubscription": lambda: types.DeleteSubscriptionRequest.pb()(subscription=subscription),

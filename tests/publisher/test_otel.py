@@ -7,6 +7,7 @@ state is touched.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,7 @@ async def test_a_hedged_batch_is_traced_create_publish_and_each_attempt(telemetr
         )
         for span in attempts
     ] == [(0, False, "CANCELLED", False), (1, True, "OK", True)]
+    assert [span.attributes["hedgepub.attempt.endpoint"] for span in attempts] == ["primary", "primary"]
 
     # Each message carries its create span's context where the official subscriber looks for it.
     sent = transport.calls[-2].request.messages
@@ -197,6 +199,7 @@ def test_a_failed_publish_marks_its_spans_and_counts_the_messages(
     assert create.status.status_code is trace.StatusCode.ERROR
     assert batch.status.status_code is trace.StatusCode.ERROR
     assert any(event.name == "exception" for event in batch.events)
+    assert attempt.attributes["hedgepub.attempt.endpoint"] == server.address
     assert (attempt.attributes["hedgepub.attempt.status"], attempt.attributes["hedgepub.attempt.won"]) == (
         "NOT_FOUND",
         False,
@@ -233,3 +236,15 @@ def test_off_unless_asked_and_on_through_the_official_options(
         assert "publish" in vars(traced) and traced._core.telemetry is not None
     with pytest.raises(ValueError, match="enable_open_telemetry=True"):
         PublisherClient(tracer_provider=telemetry.tracer_provider)
+
+
+def test_without_the_extra_enabling_says_what_to_install(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if opentelemetry-api were not installed: importing it fails.
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.delitem(sys.modules, "hedgepub._otel", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'hedgepub\[otel\]'"):
+        PublisherClient(enable_open_telemetry=True)
+    with PublisherClient() as plain:  # off: never imports it
+        assert plain._core.telemetry is None

@@ -193,7 +193,7 @@ def test_method_table_matches_the_protocol_descriptors() -> None:
     metadata = json.loads((Path(google.pubsub_v1.__file__).parent / "gapic_metadata.json").read_text())
     expected = {
         f"/google.pubsub.v1.{service}/{rpc}"
-        for service in ("Publisher", "Subscriber")
+        for service in ("Publisher", "Subscriber", "SchemaService")
         for rpc in metadata["services"][service]["clients"]["grpc"]["rpcs"]
     }
     iam = iam_policy_pb2.DESCRIPTOR.services_by_name["IAMPolicy"]

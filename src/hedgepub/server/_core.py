@@ -39,6 +39,7 @@ from hedgepub.server._delivery import (
 )
 from hedgepub.server._expiration import ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._push import PushDispatcher
 from hedgepub.server._replay import Replay
 from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
@@ -99,6 +100,8 @@ class PubSubCore:
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
+        #: One push worker per push subscription (started and stopped as subscriptions change).
+        self.push = PushDispatcher(self, clock)
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -118,6 +121,13 @@ class PubSubCore:
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
         self.replay.load(snapshot.snapshots, list(self._topics.values()))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # loaded outside a loop (some tests): push and replay start with the next change
+            return
+        self.replay.start()
+        for name in self._subscriptions:
+            self.push.sync(name)
 
     def _new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
@@ -126,7 +136,8 @@ class PubSubCore:
         return state
 
     async def close(self) -> None:
-        """Stop timers and background work, and close the store."""
+        """Stop push delivery, timers and background work, and close the store."""
+        await self.push.close()
         self._leasing.close()
         self._expiration.close()
         self.replay.close()
@@ -140,6 +151,7 @@ class PubSubCore:
 
     async def clear(self) -> None:
         """Delete every topic, subscription, policy and message."""
+        await self.push.close()
         for state in self._subscriptions.values():
             state.close()
         self._topics.clear()
@@ -249,6 +261,7 @@ class PubSubCore:
             after = page[-1][0]
             await self._store.ack(name, [sequence for sequence, _ in page])
         state.notify()
+        self.push.sync(name)
 
     # ----------------------------------------------------------------- publish
     async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
@@ -325,6 +338,7 @@ class PubSubCore:
         self._attached.setdefault(config.topic, {})[name] = state
         self._expiration.watch(config)
         await self.replay.subscription_changed(config)
+        self.push.sync(name)
         return config
 
     def get_subscription(self, name: str) -> Any:
@@ -342,7 +356,18 @@ class PubSubCore:
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
         await self.replay.subscription_changed(config)
+        self.push.sync(config.name)  # push_config may have switched it between push and pull
         return config
+
+    async def modify_push_config(self, name: str, push_config: Any) -> None:
+        """ModifyPushConfig: an endpoint makes it a push subscription; an empty config makes it pull."""
+        state = self._subscription(name)
+        config = resources.copy_with(state.config)
+        config.push_config.CopyFrom(push_config)
+        resources.check_subscription_fields(config)
+        await self._store.put("subscriptions", name, config)
+        state.config = config
+        self.push.sync(name)
 
     def list_subscriptions(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
         """ListSubscriptions: one page of the project's subscriptions, sorted by name."""
@@ -364,6 +389,7 @@ class PubSubCore:
             self._expiration.forget(name)
             state.drain()
             state.close()
+            self.push.sync(name)
 
     async def seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
         """Seek to a time (ns since the epoch) or to a snapshot (see :mod:`._replay`); it is activity."""
@@ -380,13 +406,30 @@ class PubSubCore:
 
     # ----------------------------------------------------------------- delivery
     def _deliverable(self, name: str) -> SubscriptionState:
+        """A subscription Pull and StreamingPull may take from: attached, and not push."""
         state = self._subscription(name)
         if state.config.detached:
             raise ServiceError(
                 StatusCode.FAILED_PRECONDITION,
                 f"The subscription is detached from its topic (subscription={name}).",
             )
+        if state.config.push_config.push_endpoint:
+            raise ServiceError(
+                StatusCode.FAILED_PRECONDITION,
+                "This method is not supported for push subscriptions with a defined push configuration.",
+            )
         return state
+
+    def push_state(self, subscription: str) -> SubscriptionState | None:
+        """The delivery state of a live, attached push subscription (``None`` for anything else)."""
+        state = self._subscriptions.get(subscription)
+        if state is None or state.deleted or state.config.detached:
+            return None
+        return state if state.config.push_config.push_endpoint else None
+
+    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease ready messages for a push worker (as :meth:`pull` does for a caller)."""
+        return self._take(state, consumer, max_messages)
 
     def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""

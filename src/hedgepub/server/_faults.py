@@ -116,6 +116,18 @@ _SERVICES: Mapping[str, tuple[str, ...]] = {
         "Seek",
     ),
     "google.iam.v1.IAMPolicy": ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions"),
+    "google.pubsub.v1.SchemaService": (
+        "CreateSchema",
+        "GetSchema",
+        "ListSchemas",
+        "ListSchemaRevisions",
+        "CommitSchema",
+        "RollbackSchema",
+        "DeleteSchemaRevision",
+        "DeleteSchema",
+        "ValidateSchema",
+        "ValidateMessage",
+    ),
 }
 
 #: Short method name -> full gRPC path, for every method a rule can target.

@@ -184,6 +184,7 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     ),
     "GetSubscription": (Check("pubsub.subscriptions.get", "subscription"),),
     "UpdateSubscription": (Check("pubsub.subscriptions.update", "subscription.name"),),
+    "ModifyPushConfig": (Check("pubsub.subscriptions.update", "subscription"),),
     "ListSubscriptions": (Check("pubsub.subscriptions.list", "project"),),
     "DeleteSubscription": (Check("pubsub.subscriptions.delete", "subscription"),),
     "Pull": (Check("pubsub.subscriptions.consume", "subscription"),),

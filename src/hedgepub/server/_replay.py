@@ -99,14 +99,20 @@ class Replay:
 
     # ------------------------------------------------------------- lifecycle
     def load(self, snapshots: dict[str, Any], topics: Sequence[Any]) -> None:
-        """Take back stored snapshots and topics' retention, and start the timers."""
+        """Take back stored snapshots and topics' retention (:meth:`start` arms the timers)."""
         for snapshot in snapshots.values():
             self._snapshots[snapshot.name] = snapshot
-            self._arm_expiry(snapshot)
         for topic in topics:
             retention = _retention_ns(topic)
             if retention is not None:
                 self._retained_topics[topic.name] = retention
+
+    def start(self) -> None:
+        """Arm the snapshots' expiry and the retention timer (on the running loop; idempotent)."""
+        if self._prune_timer is not None:
+            return
+        for snapshot in self._snapshots.values():
+            self._arm_expiry(snapshot)
         self._prune_timer = self._clock.call_later(PRUNE_INTERVAL_SECONDS, self._prune_tick)
 
     def close(self) -> None:
@@ -136,6 +142,7 @@ class Replay:
     # ------------------------------------------------------------- resources changing
     async def topic_changed(self, topic: Any) -> None:
         """A topic was created or updated: keep its messages for its retention, or stop keeping them."""
+        self.start()
         retention = _retention_ns(topic)
         if retention is None:
             if self._retained_topics.pop(topic.name, None) is not None:
@@ -151,6 +158,7 @@ class Replay:
 
     async def subscription_changed(self, config: Any) -> None:
         """A subscription was created or updated: keep its acknowledged messages, or stop keeping them."""
+        self.start()
         if config.retain_acked_messages:
             await self._store.register(acked_holder(config.name))
         else:

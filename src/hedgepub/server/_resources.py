@@ -7,6 +7,7 @@ calls them before it writes anything to the store.
 from __future__ import annotations
 
 import base64
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -83,8 +84,10 @@ def check_subscription_fields(config: Any) -> None:
     limits.check_retry_policy(config)
     limits.check_expiration_policy(config)
     compile_filter(config.filter)  # INVALID_ARGUMENT, saying where, for one that does not parse
-    if config.push_config.push_endpoint:
-        raise ServiceError(StatusCode.UNIMPLEMENTED, "Push subscriptions are not supported by this server.")
+    check_push_config(config.push_config)
+    if config.push_config.push_endpoint and config.enable_exactly_once_delivery:
+        # The real service documents that only pull subscriptions support exactly-once delivery.
+        raise invalid("Exactly-once delivery is not supported for push subscriptions.")
     for kind in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
         if config.HasField(kind) and getattr(config, kind).ByteSize():
             raise ServiceError(
@@ -106,6 +109,23 @@ def check_subscription_fields(config: Any) -> None:
             )
     elif config.HasField("dead_letter_policy"):
         config.ClearField("dead_letter_policy")
+
+
+def check_push_config(push_config: Any) -> None:
+    """A push endpoint, when there is one, is an absolute http or https URL."""
+    endpoint = push_config.push_endpoint
+    if not endpoint:
+        return
+    try:
+        parsed = urllib.parse.urlsplit(endpoint)
+        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        valid = False
+    if not valid:
+        raise invalid(
+            f"Unsupported push_endpoint (push_endpoint={endpoint}): it must be an absolute http:// or "
+            "https:// URL."
+        )
 
 
 def check_message(message: Any) -> None:

@@ -209,6 +209,10 @@ class PubSubServicer:
         await self.core.seek(request.subscription, publish_ns, request.snapshot or None)
         return _pb.SeekResponse.pb()()
 
+    async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
+        await self.core.modify_push_config(request.subscription, request.push_config)
+        return _Empty()
+
     async def Pull(self, request: Any, context: Any) -> Any:
         wait = 0.0
         if not request.return_immediately:
@@ -493,6 +497,7 @@ _METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
     (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
+    (SUBSCRIBER_SERVICE, "ModifyPushConfig", _pb.ModifyPushConfigRequest.pb(), _Empty, False),
     (
         SUBSCRIBER_SERVICE,
         "StreamingPull",
