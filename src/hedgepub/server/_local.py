@@ -20,7 +20,9 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._front import OnePortFront
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
+from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
 
@@ -31,6 +33,9 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 )
+
+#: Where the gRPC face listens when the one-port front owns the public port: loopback, ephemeral.
+PRIVATE_HOST = "127.0.0.1"
 
 
 def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
@@ -44,6 +49,10 @@ def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Stor
     return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
 
 
+def _cannot_listen(where: str) -> OSError:
+    return OSError(f"cannot listen on {where} (in use, or not an address of this machine)")
+
+
 class AsyncLocalServer:
     """The Pub/Sub server on the running event loop.
 
@@ -52,7 +61,8 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead.
+    :class:`~hedgepub.server.Authorizer` instead. ``rest=True`` (the default) serves REST/JSON (HTTP/1.1)
+    on the same port as gRPC, as Google's emulator does; ``rest=False`` serves gRPC alone.
     """
 
     def __init__(
@@ -66,6 +76,7 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        rest: bool = True,
     ) -> None:
         if faults is None:
             faults = FaultInjector()
@@ -81,7 +92,11 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        self.rest = rest
         self._server: grpc.aio.Server | None = None
+        self._front: OnePortFront | None = None
+        self._gateway: RestGateway | None = None
+        self._http: Any = None
         self.core: PubSubCore | None = None
         self.port = 0
 
@@ -92,6 +107,22 @@ class AsyncLocalServer:
 
     async def start(self) -> None:
         """Open the store, load what it holds, and start serving."""
+        front = None
+        if self.rest:
+            # The public port first: when it is taken, nothing else has been opened yet.
+            front = OnePortFront()
+            try:
+                await front.bind(self.host, self.requested_port)
+            except OSError as error:
+                raise _cannot_listen(f"{self.host}:{self.requested_port}") from error
+        try:
+            await self._start(front)
+        except BaseException:
+            if front is not None:
+                await front.stop()
+            raise
+
+    async def _start(self, front: OnePortFront | None) -> None:
         store = open_store(self.data_dir, self.in_memory)
         core = PubSubCore(store, clock=self._clock)
         loop = asyncio.get_running_loop()
@@ -103,7 +134,8 @@ class AsyncLocalServer:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
-        where = f"{self.host}:{self.requested_port}"
+        # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
+        where = f"{self.host}:{self.requested_port}" if front is None else f"{PRIVATE_HOST}:0"
         try:
             port = server.add_insecure_port(where)
             if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
@@ -111,18 +143,32 @@ class AsyncLocalServer:
         except RuntimeError as error:
             # The one place grpc's report becomes the OSError callers expect of a socket that cannot listen.
             await core.close()
-            raise OSError(f"cannot listen on {where} (in use, or not an address of this machine)") from error
+            raise _cannot_listen(where) from error
         await server.start()
+        if front is not None:
+            gateway = RestGateway(f"{PRIVATE_HOST}:{port}", GRPC_OPTIONS)
+            http = http_protocol_factory(gateway)
+            await front.serve(PRIVATE_HOST, port, http)
+            self._front, self._gateway, self._http = front, gateway, http
+            port = front.port
         self.core = core
         self._server = server
         self.port = port
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop serving (letting calls in flight finish for ``grace`` seconds), then close the store."""
-        server, core = self._server, self.core
-        self._server = None
+        server, core, front, gateway, http = self._server, self.core, self._front, self._gateway, self._http
+        self._server = self._front = self._gateway = self._http = None
+        if front is not None:
+            front.close()  # no new connections while the calls in flight finish
         if server is not None:
             await server.stop(grace)
+        if http is not None:
+            await http.shutdown(grace or 0.0)
+        if gateway is not None:
+            await gateway.close()
+        if front is not None:
+            await front.stop()
         if core is not None:
             await core.close()
 
@@ -156,13 +202,22 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    rest: bool = True,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
+    ``rest=False`` serves gRPC alone (see :class:`AsyncLocalServer`).
     """
     server = AsyncLocalServer(
-        host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+        host,
+        port,
+        data_dir=data_dir,
+        in_memory=in_memory,
+        faults=faults,
+        iam=iam,
+        authorizer=authorizer,
+        rest=rest,
     )
     await server.start()
     try:
@@ -181,8 +236,8 @@ class LocalServer:
 
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
-    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`).
+    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM and
+    ``rest=False`` turns the REST face off (see :class:`AsyncLocalServer`).
     """
 
     def __init__(
@@ -195,10 +250,18 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        rest: bool = True,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host, port, data_dir=data_dir, in_memory=in_memory, faults=faults, iam=iam, authorizer=authorizer
+            host,
+            port,
+            data_dir=data_dir,
+            in_memory=in_memory,
+            faults=faults,
+            iam=iam,
+            authorizer=authorizer,
+            rest=rest,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
