@@ -69,6 +69,12 @@ _FAULT_HELP = (
     help='With --iam enforce: project-level policy for every project, {"bindings": [{"role": ..., '
     '"members": [...]}]}.',
 )
+@click.option(
+    "--rest/--no-rest",
+    default=True,
+    show_default=True,
+    help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does.",
+)
 def serve(
     host: str,
     port: int,
@@ -80,6 +86,7 @@ def serve(
     iam_mode: str,
     iam_tokens: Path | None,
     iam_policy: Path | None,
+    rest: bool,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -111,7 +118,10 @@ def serve(
     def announce(server: AsyncLocalServer) -> None:
         nonlocal announced
         announced = True
-        click.echo(f"hedgepub server listening on {server.address}, storage {storage}", err=True)
+        protocols = "gRPC and REST" if server.rest else "gRPC"
+        click.echo(
+            f"hedgepub server listening on {server.address} ({protocols}), storage {storage}", err=True
+        )
         for name, rule in injector.rules.items():
             click.echo(f"fault injection on {name}: {rule}", err=True)
         if iam is not None:
@@ -122,7 +132,7 @@ def serve(
         sys.stdout.flush()
 
     try:
-        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam))
+        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam, rest))
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
@@ -146,6 +156,7 @@ async def _run(
     injector: FaultInjector,
     announce: Callable[[AsyncLocalServer], None],
     iam: IamConfig | None = None,
+    rest: bool = True,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
@@ -172,6 +183,7 @@ async def _run(
         on_started=announce,
         stop=stop,
         grace=1.0,
+        rest=rest,
     )
 
 

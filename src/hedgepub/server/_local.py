@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import secrets
 import shutil
+import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -36,6 +40,31 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
 
 #: Where the gRPC face listens when the one-port front owns the public port: loopback, ephemeral.
 PRIVATE_HOST = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class _PrivateAddress:
+    """Where the gRPC face listens behind the front: a Linux abstract unix socket (cheaper to relay to
+    than TCP, and no port), else an ephemeral port of loopback TCP."""
+
+    #: The address in grpc's form (``unix-abstract:NAME``, ``127.0.0.1:PORT``).
+    grpc_address: str
+    family: int
+    #: The address in the socket module's form.
+    socket_address: Any
+
+    @classmethod
+    def choose(cls) -> _PrivateAddress:
+        if sys.platform == "linux":
+            name = f"hedgepub-{os.getpid()}-{secrets.token_hex(8)}"
+            return cls(f"unix-abstract:{name}", socket.AF_UNIX, "\0" + name)
+        return cls(f"{PRIVATE_HOST}:0", socket.AF_INET, (PRIVATE_HOST, 0))
+
+    def bound(self, port: int) -> _PrivateAddress:
+        """This address once grpc has bound it (``port``: the one grpc chose, for TCP)."""
+        if self.family != socket.AF_INET:
+            return self
+        return _PrivateAddress(f"{PRIVATE_HOST}:{port}", self.family, (PRIVATE_HOST, port))
 
 
 def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
@@ -135,7 +164,8 @@ class AsyncLocalServer:
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
-        where = f"{self.host}:{self.requested_port}" if front is None else f"{PRIVATE_HOST}:0"
+        private = _PrivateAddress.choose()
+        where = f"{self.host}:{self.requested_port}" if front is None else private.grpc_address
         try:
             port = server.add_insecure_port(where)
             if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
@@ -146,9 +176,10 @@ class AsyncLocalServer:
             raise _cannot_listen(where) from error
         await server.start()
         if front is not None:
-            gateway = RestGateway(f"{PRIVATE_HOST}:{port}", GRPC_OPTIONS)
+            private = private.bound(port)
+            gateway = RestGateway(private.grpc_address, GRPC_OPTIONS)
             http = http_protocol_factory(gateway)
-            await front.serve(PRIVATE_HOST, port, http)
+            await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http
             port = front.port
         self.core = core
@@ -161,12 +192,19 @@ class AsyncLocalServer:
         self._server = self._front = self._gateway = self._http = None
         if front is not None:
             front.close()  # no new connections while the calls in flight finish
-        if server is not None:
-            await server.stop(grace)
-        if http is not None:
-            await http.shutdown(grace or 0.0)
-        if gateway is not None:
-            await gateway.close()
+
+        async def stop_rest() -> None:
+            # REST calls in flight finish first: they go through the gateway's channel to the gRPC face.
+            if http is not None:
+                await http.shutdown(grace or 0.0)
+            if gateway is not None:
+                await gateway.close()
+
+        async def stop_grpc() -> None:
+            if server is not None:
+                await server.stop(grace)
+
+        await asyncio.gather(stop_rest(), stop_grpc())
         if front is not None:
             await front.stop()
         if core is not None:
