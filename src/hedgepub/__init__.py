@@ -3,6 +3,9 @@
 The whole public API is listed here; everything in a module whose name starts with ``_`` is private.
 """
 
+# First, before any module imports grpc: keep gRPC's C-core log lines off the terminal by default.
+from hedgepub import _grpc_logging  # noqa: F401  # isort: split
+from hedgepub._endpoints import EndpointStats
 from hedgepub._exceptions import (
     FlowControlLimitError,
     HedgepubError,
@@ -15,6 +18,7 @@ from hedgepub._exceptions import (
 )
 from hedgepub._publisher import AsyncPublisherClient, PublisherClient
 from hedgepub._settings import (
+    AdaptiveDelay,
     BatchSettings,
     FlowControlSettings,
     HedgingSettings,
@@ -24,12 +28,17 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import PublisherStats
 from hedgepub._status import StatusCode
+from hedgepub.dedup import Deduplicator, DedupStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "DedupStats",
+    "Deduplicator",
+    "EndpointStats",
     "FlowControlLimitError",
     "FlowControlSettings",
     "HedgepubError",

@@ -6,8 +6,10 @@ It is built in two parts, as tenacity builds its retry loop:
   event (:meth:`~HedgingCore.start`, :meth:`~HedgingCore.attempt_succeeded`,
   :meth:`~HedgingCore.attempt_failed`, :meth:`~HedgingCore.timer_fired`) comes in with the time it
   happened, and a list of actions comes out: :class:`SendAttempt`, :class:`StartTimer`,
-  :class:`CancelTimer`, :class:`CancelAttempt` and, once, :class:`Resolve`. The only shared object it
-  touches is the (thread-safe, in-memory) token bucket.
+  :class:`CancelTimer`, :class:`CancelAttempt` and, once, :class:`Resolve`. The only shared objects it
+  touches are the (thread-safe, in-memory) token bucket and, with an adaptive delay, the delay source
+  (:mod:`hedgepub._delay`), which it asks for the batch's hedge delay at the start and tells the batch's
+  latency on success, passing the event's time along.
 * :func:`run_batch`, a thin asyncio driver that carries the actions out with a
   :class:`~hedgepub._clock.Clock` and turns finished attempt tasks and fired timers back into events.
 
@@ -36,6 +38,9 @@ Choices made where the spec is silent:
   ``DEADLINE_EXCEEDED`` :class:`~hedgepub.RpcError` for the attempt that was cut off.
 * Without ``hedging`` (or with it but without a ``bucket``, which :func:`run_batch` refuses) there are
   no hedges. A ``bucket`` is refilled on every success, hedging on or not.
+* A batch keeps the hedge delay it started with: hedge k is sent at ``t0 + k * delay`` even if the delay
+  source moves meanwhile. On success, the delay source gets one latency per batch: the winning attempt's,
+  from its own sending to its answer (the original's try, a retry or a hedge).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from dataclasses import dataclass, field
 
 from hedgepub._bucket import TokenBucket
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
+from hedgepub._delay import DelaySource
 from hedgepub._exceptions import PublishError, PublishTimeoutError, ResponseMismatchError, RpcError
 from hedgepub._settings import HedgingSettings, RetrySettings
 from hedgepub._status import StatusCode
@@ -73,6 +79,8 @@ class BatchOutcome:
     hedges_skipped: int
     #: Seconds from the first attempt to the resolution.
     latency: float
+    #: The hedge delay the batch used (seconds); ``None`` without hedging.
+    hedge_delay: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -174,12 +182,18 @@ class HedgingCore:
         retry: back-off, per-attempt timeouts, total timeout and retryable codes.
         hedging: when to hedge; ``None`` for no hedging.
         bucket: the shared token bucket, spent for hedges and refilled on success.
+        delay_source: where the hedge delay comes from (adaptive delay); ``None`` for
+            ``hedging.hedge_delay``.
     """
 
     message_count: int
     retry: RetrySettings
     hedging: HedgingSettings | None = None
     bucket: TokenBucket | None = None
+    delay_source: DelaySource | None = None
+
+    #: The hedge delay of this batch, fixed at :meth:`start`.
+    hedge_delay: float | None = field(default=None, init=False)
 
     t0: float = field(default=0.0, init=False)
     deadline: float = field(default=0.0, init=False)
@@ -208,6 +222,9 @@ class HedgingCore:
             raise ValueError("a TokenBucket is needed when hedging is on")
         self.t0 = now
         self.deadline = now + self.retry.total_timeout
+        if self.hedging is not None:
+            source = self.delay_source
+            self.hedge_delay = self.hedging.hedge_delay if source is None else source.delay(now)
         actions: list[Action] = [StartTimer(Timer(TimerKind.DEADLINE), self.retry.total_timeout)]
         actions += self._send_original(now)
         actions += self._schedule_hedge(1, now)
@@ -227,6 +244,8 @@ class HedgingCore:
             return self._resolve(now, error=error, finished=attempt_id)
         if self.bucket is not None:
             self.bucket.refill()
+        if self.delay_source is not None:
+            self.delay_source.record(now - running.sent_at, now)
         return self._resolve(now, message_ids=ids, winner=running.attempt_number, finished=attempt_id)
 
     def attempt_failed(self, attempt_id: int, error: BaseException, now: float) -> list[Action]:
@@ -309,7 +328,7 @@ class HedgingCore:
         # Rule 2: hedge points at t0 + k * hedge_delay, only before the deadline.
         if self.hedging is None:
             return []
-        at = self.t0 + k * self.hedging.hedge_delay
+        at = self.t0 + k * self.hedge_delay  # type: ignore[operator]
         if at >= self.deadline:
             return []
         return [StartTimer(Timer(TimerKind.HEDGE, k), at - now)]
@@ -368,6 +387,7 @@ class HedgingCore:
             hedges_sent=self.hedges_sent,
             hedges_skipped=self.hedges_skipped,
             latency=now - self.t0,
+            hedge_delay=self.hedge_delay,
         )
         actions.append(Resolve(outcome))
         return actions
@@ -381,6 +401,7 @@ async def run_batch(
     hedging: HedgingSettings | None = None,
     bucket: TokenBucket | None = None,
     clock: Clock = DEFAULT_CLOCK,
+    delay_source: DelaySource | None = None,
 ) -> BatchOutcome:
     """Publish one batch with retries and hedges, and report how it went.
 
@@ -393,7 +414,8 @@ async def run_batch(
     """
     if message_count < 1:
         raise ValueError(f"message_count must be at least 1; got {message_count!r}")
-    return await _Driver(attempt, clock, HedgingCore(message_count, retry, hedging, bucket)).run()
+    core = HedgingCore(message_count, retry, hedging, bucket, delay_source)
+    return await _Driver(attempt, clock, core).run()
 
 
 def _forget_result(task: asyncio.Future[object]) -> None:

@@ -28,25 +28,31 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hedgepub._batch import Batch, BatchState, field_size, request_overhead, varint_size
 from hedgepub._bucket import TokenBucket
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
+from hedgepub._delay import AdaptiveDelayEstimator
+from hedgepub._endpoints import EndpointRoutes, check_hedge_endpoints
 from hedgepub._engine import BatchOutcome, run_batch
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._flow_control import FlowController
 from hedgepub._futures import BatchFuture, resolve_batch
+from hedgepub._migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._settings import (
     MAX_REQUEST_BYTES,
     BatchSettings,
     FlowControlSettings,
     HedgingSettings,
     RetrySettings,
+    adaptive_delay_limit,
     check_hedging,
 )
 from hedgepub._stats import PublisherStats, StatsRecorder
 from hedgepub._transport import (
+    ChannelTarget,
     GrpcTransport,
     PubsubMessagePb,
     Transport,
@@ -54,6 +60,9 @@ from hedgepub._transport import (
     request_metadata,
     resolve_endpoint,
 )
+
+if TYPE_CHECKING:
+    from hedgepub._otel import BatchTrace, PublisherTelemetry
 
 _LOGGER = logging.getLogger("hedgepub")
 
@@ -85,6 +94,42 @@ def topic_path(project: str, topic: str) -> str:
     return f"projects/{project}/topics/{topic}"
 
 
+def _idempotency_attribute(value: object) -> str | None:
+    """The attribute name to stamp keys in: ``True`` for the default, a name, or ``None`` (off)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
+
+        return IDEMPOTENCY_ATTRIBUTE
+    if not isinstance(value, str):
+        raise TypeError(
+            f"idempotency_attribute must be True, False or an attribute name; got {type(value).__name__}"
+        )
+    if not value or len(value.encode("utf-8")) > 256 or value.startswith("goog"):
+        raise ValueError(
+            f"idempotency_attribute {value!r} is not a usable attribute key: 1 to 256 bytes, "
+            "not starting with 'goog'"
+        )
+    return value
+
+
+def _telemetry(core: _PublisherCore, tracer_provider: Any, meter_provider: Any) -> PublisherTelemetry:
+    """The OpenTelemetry instrumentation of ``core`` (imported only when a client asks for it)."""
+    try:
+        from hedgepub._otel import PublisherTelemetry
+    except ImportError as error:
+        raise ImportError(
+            f"enable_open_telemetry=True needs the OpenTelemetry API ({error}): pip install 'hedgepub[otel]'"
+        ) from error
+    return PublisherTelemetry(
+        core._id_prefix,
+        weakref.WeakMethod(core.gauge_values),
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+    )
+
+
 def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
     """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does."""
     for name, value in attributes.items():
@@ -98,6 +143,12 @@ def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
                 continue
             except UnicodeDecodeError:
                 pass
+        if name in ("retry", "timeout"):
+            raise TypeError(
+                f"publish(..., {name}=...) per message is the official client's argument; hedgepub sets it "
+                "for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
+                "publisher_options=...) to PublisherClient instead"
+            )
         raise TypeError(
             f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
             "All attributes published to Pub/Sub must be text strings."
@@ -134,6 +185,13 @@ class _PublisherCore:
         transport: Transport | None,
         clock: Clock,
         sync_futures: bool,
+        hedge_endpoints: Sequence[str] | None = None,
+        hedge_transports: Sequence[Transport] | None = None,
+        idempotency_attribute: bool | str = False,
+        root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         for name, value, kind in (
             ("batch_settings", batch_settings, BatchSettings),
@@ -152,22 +210,30 @@ class _PublisherCore:
         self.retry = retry_settings
         self.ordering = bool(enable_message_ordering)
         self.bucket = TokenBucket.from_settings(hedging_settings) if hedging_settings is not None else None
+        self.delay_source: AdaptiveDelayEstimator | None = None
+        if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
+            self.delay_source = AdaptiveDelayEstimator(
+                hedging_settings.adaptive_delay,
+                fallback=hedging_settings.hedge_delay,
+                limit=adaptive_delay_limit(retry_settings),
+            )
         self.clock = clock
         self.sync_futures = sync_futures
         self.flow = FlowController(flow_control, on_block=self._flush_soon)
         self.stats_recorder = StatsRecorder()
-        self._transport = transport
-        self._target = None
         self._credentials = credentials
-        if transport is None:
-            self._target = resolve_endpoint(endpoint, credentials=credentials)
-            if self._target.secure and credentials is None:
-                # Find Application Default Credentials now, so that a missing setup fails at construction.
-                import google.auth
-
-                from hedgepub._transport import SCOPES
-
-                self._credentials, _project = google.auth.default(scopes=SCOPES)
+        if root_certificates is not None and not isinstance(root_certificates, bytes):
+            raise TypeError(
+                "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
+                f"{type(root_certificates).__name__}"
+            )
+        self._root_certificates = root_certificates
+        self.routes = self._routes(
+            endpoint,
+            transport,
+            check_hedge_endpoints(hedge_endpoints, hedging_settings is not None),
+            hedge_transports,
+        )
         self._max_messages = batch_settings.max_messages
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
         self._max_latency = batch_settings.max_latency
@@ -185,6 +251,13 @@ class _PublisherCore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._id_prefix = uuid.uuid4().hex[:16]
+        if not enable_open_telemetry and (tracer_provider is not None or meter_provider is not None):
+            raise ValueError("tracer_provider and meter_provider need enable_open_telemetry=True")
+        self.telemetry = _telemetry(self, tracer_provider, meter_provider) if enable_open_telemetry else None
+        self.idempotency_attribute = _idempotency_attribute(idempotency_attribute)
+        # 128 random bits per publisher, then a count: unique across publishers and processes.
+        self._key_prefix = uuid.uuid4().hex
+        self._message_keys = itertools.count()
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
 
@@ -204,12 +277,53 @@ class _PublisherCore:
             raise RuntimeError("an AsyncPublisherClient must be used from the event loop it started on")
         return loop
 
+    def _routes(
+        self,
+        endpoint: str | None,
+        transport: Transport | None,
+        hedge_endpoints: tuple[str, ...],
+        hedge_transports: Sequence[Transport] | None,
+    ) -> EndpointRoutes:
+        """The primary endpoint, then the hedge endpoints, each connected on first use.
+
+        ``transport`` and ``hedge_transports`` are ready-made transports (tests), labelled ``primary``
+        and ``hedge-endpoint-N``; endpoints given by name are labelled with their ``host:port``.
+        """
+        if hedge_transports is not None and hedge_endpoints:
+            raise ValueError("pass hedge_endpoints or hedge_transports, not both")
+        if hedge_transports and self.hedging is None:
+            raise ValueError("hedge_transports needs hedging: pass hedging_settings=HedgingSettings(...)")
+        primary = None if transport is not None else resolve_endpoint(endpoint, credentials=self._credentials)
+        targets = [resolve_endpoint(name, credentials=self._credentials) for name in hedge_endpoints]
+        if self._credentials is None and any(target.secure for target in (primary, *targets) if target):
+            # Find Application Default Credentials now, so that a missing setup fails at construction.
+            import google.auth
+
+            from hedgepub._transport import SCOPES
+
+            self._credentials, _project = google.auth.default(scopes=SCOPES)
+
+        def connect(target: ChannelTarget) -> Callable[[], Transport]:
+            return lambda: GrpcTransport(
+                create_channel(target, self._credentials, root_certificates=self._root_certificates)
+            )
+
+        def ready(made: Transport) -> Callable[[], Transport]:
+            return lambda: made
+
+        labels = ["primary" if primary is None else primary.target]
+        connects = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
+        for number, made in enumerate(hedge_transports or (), start=1):
+            labels.append(f"hedge-endpoint-{number}")
+            connects.append(ready(made))
+        for target in targets:
+            labels.append(target.target)
+            connects.append(connect(target))
+        return EndpointRoutes(labels, connects)
+
     def transport(self) -> Transport:
-        """The transport, opening the channel on first use (on the loop)."""
-        if self._transport is None:
-            assert self._target is not None
-            self._transport = GrpcTransport(create_channel(self._target, self._credentials))
-        return self._transport
+        """The primary endpoint's transport, opening the channel on first use (on the loop)."""
+        return self.routes.transport(0)
 
     # ---- the hot path: any thread --------------------------------------------------------------------
 
@@ -234,6 +348,11 @@ class _PublisherCore:
                     "ordering_key given but message ordering is not enabled: construct the publisher "
                     "with enable_message_ordering=True"
                 )
+        stamp = self.idempotency_attribute
+        if stamp is not None and stamp not in attributes:
+            # Stamped once, into the request every attempt sends: hedges and retries carry the same key.
+            # A key the caller set is kept, so an application that republishes keeps its key too.
+            attributes[stamp] = f"{self._key_prefix}-{next(self._message_keys)}"
         if attributes or ordering_key:
             message = PubsubMessagePb(
                 data=data, attributes=_check_attributes(attributes), ordering_key=ordering_key
@@ -404,11 +523,16 @@ class _PublisherCore:
 
     async def _publish(self, batch: Batch) -> None:
         outcome: BatchOutcome | None = None
+        traced: BatchTrace | None = None
         # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
         sent = {"attempts": 0, "hedges": 0}
         started = self.clock.now()
+        routes = self.routes
+        clock = self.clock
         try:
-            transport = self.transport()
+            routes.transport(0)  # the primary's channel opens before the first attempt, as it always did
+            if self.telemetry is not None:
+                traced = self.telemetry.start_batch(batch)
             request = batch.request
             topic = batch.topic
             batch_id = batch.batch_id
@@ -417,17 +541,28 @@ class _PublisherCore:
                 sent["attempts"] += 1
                 if attempt_number:
                     sent["hedges"] += 1
-                return await transport.publish(
-                    request, request_metadata(topic, batch_id, attempt_number), timeout
-                )
+                # The engine says when; the attempt number says where (see hedgepub._endpoints).
+                index = routes.index_for(attempt_number)
+                recorder = routes.recorder(index)
+                sent_at = clock.now()
+                try:
+                    ids = await routes.transport(index).publish(
+                        request, request_metadata(topic, batch_id, attempt_number), timeout
+                    )
+                except Exception:  # not CancelledError: a loser cancelled by the engine did not fail
+                    recorder.failed()
+                    raise
+                recorder.answered(clock.now() - sent_at)
+                return ids
 
             outcome = await run_batch(
-                attempt,
+                attempt if traced is None else traced.wrap(attempt),
                 message_count=len(batch.futures),
                 retry=self.retry,
                 hedging=self.hedging,
                 bucket=self.bucket,
                 clock=self.clock,
+                delay_source=self.delay_source,
             )
         except asyncio.CancelledError:
             error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
@@ -442,16 +577,24 @@ class _PublisherCore:
             )
             try:
                 self.stats_recorder.record_batch(len(batch.futures), cut_off)
+                routes.record_batch(cut_off.attempts_sent, cut_off.hedges_sent, None)
+                if traced is not None:
+                    traced.end(cut_off)
             finally:
                 self._fail(batch, error, counted=True)
             raise
         except BaseException as error:
+            if traced is not None:
+                traced.end(None, error)
             self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)
             if not isinstance(error, Exception):
                 raise
             return
         try:
             self.stats_recorder.record_batch(len(batch.futures), outcome)
+            routes.record_batch(outcome.attempts_sent, outcome.hedges_sent, outcome.winner_attempt)
+            if traced is not None:
+                traced.end(outcome)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
@@ -523,9 +666,20 @@ class _PublisherCore:
         with self._lock:
             self._paused.discard((topic, ordering_key))
 
+    def gauge_values(self) -> tuple[float, float]:
+        """(tokens in the bucket, hedge delay in seconds) now; zeros without hedging (any thread)."""
+        if self.hedging is None:
+            return 0.0, 0.0
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.bucket.tokens, delay  # type: ignore[union-attr]
+
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
-        return self.stats_recorder.snapshot(self.bucket.tokens if self.bucket is not None else 0.0)
+        endpoints = self.routes.snapshot()
+        if self.hedging is None:
+            return self.stats_recorder.snapshot(0.0, endpoints=endpoints)
+        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
+        return self.stats_recorder.snapshot(self.bucket.tokens, delay, endpoints=endpoints)  # type: ignore[union-attr]
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
@@ -569,13 +723,26 @@ class _PublisherCore:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             self.state = ClientState.CLOSED
-            if self._transport is not None:
-                await self._transport.close()
+            if self.telemetry is not None:
+                self.telemetry.close()
+            await self.routes.close()
 
 
 _DEFAULT_BATCH = BatchSettings()
 _DEFAULT_RETRY = RetrySettings()
 _DEFAULT_FLOW = FlowControlSettings()
+#: What each constructor argument is when not given, so that official arguments can fill it (or clash).
+_FACADE_DEFAULTS: dict[str, Any] = {
+    "hedging_settings": None,
+    "batch_settings": _DEFAULT_BATCH,
+    "retry_settings": _DEFAULT_RETRY,
+    "flow_control": _DEFAULT_FLOW,
+    "enable_message_ordering": False,
+    "endpoint": None,
+    "credentials": None,
+    "enable_open_telemetry": False,
+    "tracer_provider": None,
+}
 
 
 class _ClientFacade:
@@ -594,21 +761,68 @@ class _ClientFacade:
         endpoint: str | None = None,
         credentials: Any = None,
         *,
+        hedge_endpoints: Sequence[str] | None = None,
+        idempotency_attribute: bool | str = False,
+        publisher_options: Any = None,
+        client_options: Any = None,
+        root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         transport: Transport | None = None,
+        hedge_transports: Sequence[Transport] | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        **official_keywords: Any,
     ) -> None:
+        arguments = {
+            "hedging_settings": hedging_settings,
+            "batch_settings": batch_settings,
+            "retry_settings": retry_settings,
+            "flow_control": flow_control,
+            "enable_message_ordering": enable_message_ordering,
+            "endpoint": endpoint,
+            "credentials": credentials,
+            "enable_open_telemetry": enable_open_telemetry,
+            "tracer_provider": tracer_provider,
+        }
+        if official_keywords:
+            refuse_official_keywords(official_keywords)
+        if isinstance(transport, str) or type(transport).__name__ == "PublisherGrpcTransport":
+            raise TypeError(
+                f"transport={transport!r} is the official client's GAPIC transport, which hedgepub does not "
+                "use: "
+                "drop it (hedgepub always speaks gRPC), or pass endpoint= / credentials="
+            )
+        if (
+            publisher_options is not None
+            or client_options is not None
+            or is_official_batch_settings(hedging_settings)
+            or type(batch_settings) is not BatchSettings
+        ):
+            arguments = translate(
+                {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
+            )
         self._core = _PublisherCore(
-            hedging_settings=hedging_settings,
-            batch_settings=batch_settings,
-            retry_settings=retry_settings,
-            flow_control=flow_control,
-            enable_message_ordering=enable_message_ordering,
-            endpoint=endpoint,
-            credentials=credentials,
+            **arguments,
             transport=transport,
             clock=clock,
             sync_futures=self._sync_futures,
+            hedge_endpoints=hedge_endpoints,
+            hedge_transports=hedge_transports,
+            idempotency_attribute=idempotency_attribute,
+            root_certificates=root_certificates,
+            meter_provider=meter_provider,
         )
+        telemetry = self._core.telemetry
+        if telemetry is not None:
+            # Traced publishing replaces publish on this instance only: an untraced client runs the
+            # plain method, with not even a check for telemetry on its hot path.
+            plain = self.publish
+            self.publish = (  # type: ignore[method-assign]
+                telemetry.traced_sync_publish(plain)
+                if self._sync_futures
+                else telemetry.traced_async_publish(plain)
+            )
         self._start()
 
     def _start(self) -> None:
@@ -697,6 +911,29 @@ class PublisherClient(_ClientFacade):
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport` for TLS or plain text.
             Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
+        hedge_endpoints: other endpoints of the same service (``"europe-west1-pubsub.googleapis.com"``)
+            that hedges go to, in turn, instead of the primary; originals and retries stay on the
+            primary, and every endpoint shares the credentials and the token bucket. Needs
+            ``hedging_settings``. An unreachable one fails only the hedges sent there. See
+            :mod:`hedgepub._endpoints`.
+        idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
+            ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
+            retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
+            A value the caller sets for that attribute is kept. Off by default.
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
+            (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
+        client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+        root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
+            CA, or ``hedgepub serve --tls-cert``).
+        enable_open_telemetry: emit OpenTelemetry spans (compatible with the official client's) and metrics
+            through the OpenTelemetry API; see :mod:`hedgepub._otel`. Off by default.
+        tracer_provider, meter_provider: where the spans and metrics go with ``enable_open_telemetry``;
+            default: the global providers.
+
+    ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
+    ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`hedgepub._migration` for what
+    maps and what is refused.
     """
 
     _sync_futures = True
@@ -740,6 +977,10 @@ class PublisherClient(_ClientFacade):
             self._runner.close(timeout)
         finally:
             self._finalizer.detach()
+
+    def stop(self) -> None:
+        """:meth:`shutdown` under the official client's name: flush, wait for every message, stop."""
+        self.shutdown()
 
     def __enter__(self) -> PublisherClient:
         return self

@@ -67,24 +67,82 @@ def _whole(name: str, value: object, low: int, high: int) -> int:
 
 
 @dataclass(frozen=True)
+class AdaptiveDelay:
+    """Pick the hedge delay from the latencies the publisher sees, instead of a fixed number.
+
+    The delay becomes the ``percentile``-th percentile of recent Publish attempt latencies, kept in a
+    rotating HDR histogram of two windows of ``window`` seconds each (so the estimate covers the last one
+    to two windows and forgets older traffic). It is clamped to 0.1 s at least and at most the smaller of
+    10 s and half the retry settings' initial RPC timeout (so that a hedge always has time to win before
+    the original's own timeout). Until ``min_samples`` latencies are in the two windows, the fixed
+    ``HedgingSettings.hedge_delay`` is used.
+
+    Attributes:
+        percentile: which percentile of recent latency becomes the delay (50 to 99.9; default 95, as
+            "The Tail at Scale" recommends: about one batch in twenty is hedged).
+        window: seconds each of the two histogram windows covers (1 to 3600).
+        min_samples: latencies needed in the two windows before the delay adapts (1 to 1,000,000).
+    """
+
+    percentile: float = 95.0
+    window: float = 10.0
+    min_samples: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "percentile", _number("percentile", self.percentile, 50.0, 99.9))
+        object.__setattr__(self, "window", _duration("window", self.window, 1, 3600))
+        object.__setattr__(self, "min_samples", _whole("min_samples", self.min_samples, 1, 1_000_000))
+
+
+#: The adaptive delay's lower clamp, the same as the fixed delay's lowest allowed value.
+MIN_ADAPTIVE_DELAY = 0.1
+#: The adaptive delay's upper clamp, the same as the fixed delay's highest allowed value.
+MAX_ADAPTIVE_DELAY = 10.0
+
+
+@dataclass(frozen=True)
 class HedgingSettings:
     """When to send a hedged copy of a slow batch, and how many hedges the token bucket allows.
 
     Attributes:
-        hedge_delay: seconds an attempt may run before another copy is sent (0.1 to 10).
+        hedge_delay: seconds an attempt may run before another copy is sent (0.1 to 10). With
+            ``adaptive_delay``, the delay used until enough latencies have been seen.
         max_tokens: most tokens the bucket can hold (1 to 250).
         refill_ratio: tokens added per successful batch publish (0.001 to 0.2); it caps the
             long-run share of batches that are hedged.
+        adaptive_delay: ``None`` (default) for a fixed ``hedge_delay``; an :class:`AdaptiveDelay` to
+            follow a percentile of recent latency, e.g.
+            ``HedgingSettings(adaptive_delay=AdaptiveDelay(percentile=95))``.
     """
 
     hedge_delay: float = 1.0
     max_tokens: int = 50
     refill_ratio: float = 0.1
+    adaptive_delay: AdaptiveDelay | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hedge_delay", _duration("hedge_delay", self.hedge_delay, 0.1, 10))
         object.__setattr__(self, "max_tokens", _whole("max_tokens", self.max_tokens, 1, 250))
         object.__setattr__(self, "refill_ratio", _number("refill_ratio", self.refill_ratio, 0.001, 0.2))
+        if self.adaptive_delay is not None and not isinstance(self.adaptive_delay, AdaptiveDelay):
+            raise TypeError(
+                f"adaptive_delay must be an AdaptiveDelay or None; got {type(self.adaptive_delay).__name__} "
+                f"{self.adaptive_delay!r}"
+            )
+
+    def __repr__(self) -> str:
+        # adaptive_delay only when set, so the common fixed-delay repr stays short.
+        adaptive = "" if self.adaptive_delay is None else f", adaptive_delay={self.adaptive_delay!r}"
+        return (
+            f"HedgingSettings(hedge_delay={self.hedge_delay!r}, max_tokens={self.max_tokens!r}, "
+            f"refill_ratio={self.refill_ratio!r}{adaptive})"
+        )
+
+
+def adaptive_delay_limit(retry: RetrySettings) -> float:
+    """The most an adaptive hedge delay may be with ``retry``: 10 s, or half the shorter of the initial
+    RPC timeout and the total timeout if that is less."""
+    return min(MAX_ADAPTIVE_DELAY, min(retry.initial_rpc_timeout, retry.total_timeout) / 2)
 
 
 def _codes(value: Any) -> frozenset[StatusCode]:
@@ -214,7 +272,8 @@ def check_hedging(
     """Refuse hedging settings that cannot work with ``retry`` and ordering.
 
     Raises ``ValueError``, naming both values, when the hedge delay is not strictly shorter than the
-    initial RPC timeout or the total timeout, or when hedging is combined with message ordering.
+    initial RPC timeout or the total timeout, when an adaptive delay would have no room under half of
+    them, or when hedging is combined with message ordering.
     """
     if hedging is None:
         return
@@ -227,6 +286,12 @@ def check_hedging(
         raise ValueError(
             f"hedge_delay ({hedging.hedge_delay:g} s) must be shorter than the retry settings' "
             f"total_timeout ({retry.total_timeout:g} s)"
+        )
+    if hedging.adaptive_delay is not None and adaptive_delay_limit(retry) < MIN_ADAPTIVE_DELAY:
+        raise ValueError(
+            f"adaptive_delay needs room between {MIN_ADAPTIVE_DELAY:g} s and half the retry settings' "
+            f"initial_rpc_timeout ({retry.initial_rpc_timeout:g} s) and total_timeout "
+            f"({retry.total_timeout:g} s): both must be at least {2 * MIN_ADAPTIVE_DELAY:g} s"
         )
     if enable_message_ordering:
         raise ValueError(

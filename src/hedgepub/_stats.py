@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hdrh.histogram import HdrHistogram
 
 if TYPE_CHECKING:
+    from hedgepub._endpoints import EndpointStats
     from hedgepub._engine import BatchOutcome
 
 # Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
@@ -32,8 +34,12 @@ class PublisherStats:
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
         tokens_available: tokens in the hedging bucket now (0.0 when hedging is off).
+        hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
+            ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
         p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
             to the batch's resolution, over every batch sent (successful or not), in milliseconds.
+        endpoints: per endpoint (``host:port``), the primary first and then any ``hedge_endpoints``:
+            attempts, hedges, failed attempts, wins and attempt latency (:class:`~hedgepub.EndpointStats`).
     """
 
     messages_published: int = 0
@@ -44,11 +50,13 @@ class PublisherStats:
     hedges_won: int = 0
     hedges_skipped: int = 0
     tokens_available: float = 0.0
+    hedge_delay_ms: float = 0.0
     p50_ms: float = 0.0
     p90_ms: float = 0.0
     p99_ms: float = 0.0
     p999_ms: float = 0.0
     max_ms: float = 0.0
+    endpoints: Mapping[str, EndpointStats] = field(default_factory=dict)
 
 
 class StatsRecorder:
@@ -85,8 +93,15 @@ class StatsRecorder:
         with self._lock:
             self.messages_failed += messages
 
-    def snapshot(self, tokens_available: float) -> PublisherStats:
-        """The counters and percentiles now."""
+    def snapshot(
+        self,
+        tokens_available: float,
+        hedge_delay: float = 0.0,
+        *,
+        endpoints: Mapping[str, EndpointStats] | None = None,
+    ) -> PublisherStats:
+        """The counters and percentiles now, with the bucket's tokens, the hedge delay (seconds) and
+        the per-endpoint stats."""
         with self._lock:
             histogram = self._histogram
             empty = histogram.get_total_count() == 0
@@ -103,9 +118,11 @@ class StatsRecorder:
                 hedges_won=self.hedges_won,
                 hedges_skipped=self.hedges_skipped,
                 tokens_available=tokens_available,
+                hedge_delay_ms=hedge_delay * 1000.0,
                 p50_ms=percentile(50),
                 p90_ms=percentile(90),
                 p99_ms=percentile(99),
                 p999_ms=percentile(99.9),
                 max_ms=0.0 if empty else histogram.get_max_value() / 1000.0,
+                endpoints=endpoints if endpoints is not None else {},
             )

@@ -8,18 +8,27 @@ times slower); :class:`ScriptedTransport` answers from a script, for unit tests 
 
 Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 
-1. an explicit ``endpoint`` wins. ``"https://host[:port]"`` means TLS, ``"http://host:port"`` means
-   plain text; a bare ``"host:port"`` means TLS when the port is 443 or ``credentials`` were given, plain
-   text otherwise (emulators and local servers listen on other ports);
+1. an explicit ``endpoint`` wins (:func:`parse_endpoint`, which the CLI uses too). ``"https://host[:port]"``
+   means TLS, ``"http://host:port"`` means plain text; a bare ``"host:port"`` means TLS when the port is
+   443 or ``credentials`` were given, plain text otherwise (emulators and local servers listen on other
+   ports); a malformed endpoint is a ``ValueError``;
 2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
+
+A TLS channel trusts the system's root certificates, or only the PEM ``root_certificates`` given
+(``PublisherClient(root_certificates=...)``), for a private CA or ``hedgepub serve --tls-cert``.
 
 On a plain-text channel, ``credentials`` given explicitly still identify the caller: their token goes in
 ``authorization: Bearer ...`` metadata on every call (gRPC refuses call credentials without TLS), which is
 how a local server with IAM enforcement (``hedgepub serve --iam enforce``) learns who publishes, e.g.
 ``credentials=google.oauth2.credentials.Credentials("t-alice")`` with ``endpoint="http://127.0.0.1:8085"``
 or ``PUBSUB_EMULATOR_HOST``. Without explicit credentials nothing is sent, as before.
+
+On both kinds of channel the token is checked before every attempt (hedges included) and refreshed when it
+has expired, once for all the attempts waiting on it. A token that cannot be refreshed fails the attempt
+with ``UNAUTHENTICATED`` (not retried by default), whose message names the credentials and google-auth's
+reason; a refresh error google-auth marks retryable (the token endpoint unreachable) is ``UNAVAILABLE``.
 
 gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
 
@@ -120,78 +129,154 @@ class ChannelTarget:
     secure: bool
 
 
+#: The endpoint forms :func:`parse_endpoint` accepts, for error messages.
+ENDPOINT_FORMS = "HOST:PORT, http://HOST:PORT (plain text) or https://HOST[:PORT] (TLS)"
+
+
+def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> ChannelTarget:
+    """The channel target an explicit endpoint names; the one parser for the client and the CLI.
+
+    ``"https://host[:port]"`` means TLS (port 443 by default), ``"http://host[:port]"`` plain text (port 80
+    by default), and a bare ``"host:port"`` TLS when the port is 443 or ``credentials`` were given, plain
+    text otherwise; a bare ``"host"`` means ``host:443`` over TLS. ``unix:PATH`` is passed to gRPC as
+    is (plain text). Anything else (another scheme, a path, a port that is not a number from 1 to 65535,
+    no host) raises ``ValueError`` naming the accepted forms.
+    """
+    text = endpoint.strip()
+    if text.startswith(("unix:", "unix-abstract:")):
+        return ChannelTarget(text, secure=False)
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        scheme, rest = "", text
+    elif scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {endpoint!r}: unknown scheme {scheme + '://'!r}; use {ENDPOINT_FORMS}")
+    rest = rest.rstrip("/")
+    host, port = _split_host_port(rest, endpoint)
+    if scheme == "https":
+        return ChannelTarget(f"{host}:{port or 443}", secure=True)
+    if scheme == "http":
+        return ChannelTarget(f"{host}:{port or 80}", secure=False)
+    if port is None:
+        return ChannelTarget(f"{host}:443", secure=True)
+    return ChannelTarget(f"{host}:{port}", secure=credentials is not None or port == 443)
+
+
+def _split_host_port(text: str, endpoint: str) -> tuple[str, int | None]:
+    """(host, port or None) of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port``; ValueError otherwise."""
+    problem = f"endpoint {endpoint!r} is not of the form {ENDPOINT_FORMS}"
+    if "/" in text or any(character.isspace() for character in text):
+        raise ValueError(problem)
+    if text.startswith("["):  # bracketed IPv6 literal
+        closing = text.find("]")
+        if closing < 2:
+            raise ValueError(problem)
+        host, after = text[: closing + 1], text[closing + 1 :]
+        if after and not after.startswith(":"):
+            raise ValueError(problem)
+        port_text = after[1:] if after else None
+    else:
+        host, colon, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if colon else None
+    if not host or (port_text is not None and not (port_text.isdigit() and 1 <= int(port_text) <= 65535)):
+        raise ValueError(problem)
+    return host, None if port_text is None else int(port_text)
+
+
 def resolve_endpoint(
     endpoint: str | None = None, *, credentials: object | None = None, environ: Any = None
 ) -> ChannelTarget:
     """Decide the channel target: explicit ``endpoint``, else ``PUBSUB_EMULATOR_HOST``, else Google.
 
-    See the module docstring for how an explicit endpoint chooses TLS or plain text.
+    An explicit endpoint goes through :func:`parse_endpoint` (``ValueError`` if malformed); the emulator
+    variable is used as it is, plain text, as every official client does.
     """
     environ = os.environ if environ is None else environ
     if endpoint:
-        if endpoint.startswith("https://"):
-            host = endpoint[len("https://") :].rstrip("/")
-            return ChannelTarget(host if _has_port(host) else host + ":443", secure=True)
-        if endpoint.startswith("http://"):
-            return ChannelTarget(endpoint[len("http://") :].rstrip("/"), secure=False)
-        secure = credentials is not None or endpoint.endswith(":443") or not _has_port(endpoint)
-        target = endpoint if _has_port(endpoint) else endpoint + ":443"
-        return ChannelTarget(target, secure=secure)
+        return parse_endpoint(endpoint, credentials=credentials)
     emulator = environ.get(EMULATOR_HOST_ENV)
     if emulator:
         return ChannelTarget(emulator, secure=False)
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True)
 
 
-def _has_port(host: str) -> bool:
-    if host.startswith("["):  # bracketed IPv6 literal
-        return "]:" in host
-    return host.count(":") == 1
-
-
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    """Adds google-auth credentials' ``authorization`` header to each call on a plain-text channel."""
+    """Puts google-auth credentials' ``authorization`` header on every call, refreshing the token first.
 
-    def __init__(self, credentials: Any) -> None:
+    Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for two reasons:
+    a token that cannot be refreshed must fail the publish at once with a clear error (through the plugin
+    it surfaces as a retryable ``UNAVAILABLE`` and is retried until the total timeout), and concurrent
+    attempts (a batch and its hedges) must share one refresh rather than each start their own.
+    """
+
+    def __init__(self, credentials: Any, service_url: str) -> None:
         self._credentials = credentials
+        self._service_url = service_url
+        self._auth_request: Any = None
+        self._refresh_lock: asyncio.Lock | None = None
+
+    async def _fresh_headers(self) -> dict[str, str]:
+        import google.auth.exceptions
+        import google.auth.transport.requests
+
+        credentials = self._credentials
+        if self._auth_request is None:
+            self._auth_request = google.auth.transport.requests.Request()
+            self._refresh_lock = asyncio.Lock()
+        if not credentials.valid:
+            assert self._refresh_lock is not None
+            async with self._refresh_lock:  # one refresh at a time; those waiting reuse its token
+                if not credentials.valid:
+                    try:
+                        # Refreshing may block on HTTP; keep the event loop free meanwhile.
+                        await asyncio.get_running_loop().run_in_executor(
+                            None, credentials.refresh, self._auth_request
+                        )
+                    except google.auth.exceptions.GoogleAuthError as error:
+                        retryable = bool(getattr(error, "retryable", False))
+                        raise RpcError(
+                            StatusCode.UNAVAILABLE if retryable else StatusCode.UNAUTHENTICATED,
+                            f"the access token of the {type(credentials).__name__} credentials is missing or "
+                            f"expired and could not be refreshed: {error}",
+                        ) from error
+        headers: dict[str, str] = {}
+        # The token is valid now, so this only adds headers (and, for self-signed JWT credentials, signs
+        # one for this service's audience, as gRPC's own plugin would).
+        credentials.before_request(self._auth_request, "POST", self._service_url, headers)
+        return headers
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        credentials = self._credentials
-        if not credentials.valid:
-            import google.auth.transport.requests
-
-            # Refreshing may block on HTTP; keep the event loop free meanwhile.
-            await asyncio.get_running_loop().run_in_executor(
-                None, credentials.refresh, google.auth.transport.requests.Request()
-            )
-        headers: dict[str, str] = {}
-        credentials.apply(headers)
+        headers = await self._fresh_headers()
         metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
         return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
-def create_channel(target: ChannelTarget, credentials: object | None = None) -> grpc.aio.Channel:
+def create_channel(
+    target: ChannelTarget, credentials: object | None = None, *, root_certificates: bytes | None = None
+) -> grpc.aio.Channel:
     """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
 
     A secure channel carries google-auth credentials: the ones given, or Application Default
-    Credentials. A plain-text channel carries only credentials given explicitly, as metadata.
+    Credentials; it trusts the system's root certificates, or only ``root_certificates`` (PEM) when
+    given (a private CA, a local server with a throwaway certificate). A plain-text channel carries only
+    credentials given explicitly, as metadata.
     """
+    host = target.target.removesuffix(":443")
+    service_url = f"https://{host}/google.pubsub.v1.Publisher"
     if not target.secure:
-        interceptors = [_BearerTokenInterceptor(credentials)] if credentials is not None else None
+        interceptors = (
+            [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
+        )
         return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
     import google.auth
-    import google.auth.transport.grpc
-    import google.auth.transport.requests
 
     if credentials is None:
         credentials, _project = google.auth.default(scopes=SCOPES)
-    plugin = google.auth.transport.grpc.AuthMetadataPlugin(
-        credentials, google.auth.transport.requests.Request()
+    return grpc.aio.secure_channel(
+        target.target,
+        grpc.ssl_channel_credentials(root_certificates=root_certificates),
+        options=CHANNEL_OPTIONS,
+        interceptors=[_BearerTokenInterceptor(credentials, service_url)],
     )
-    channel_credentials = grpc.composite_channel_credentials(
-        grpc.ssl_channel_credentials(), grpc.metadata_call_credentials(plugin)
-    )
-    return grpc.aio.secure_channel(target.target, channel_credentials, options=CHANNEL_OPTIONS)
 
 
 class GrpcTransport:
@@ -206,9 +291,16 @@ class GrpcTransport:
         )
 
     @classmethod
-    def connect(cls, endpoint: str | None = None, credentials: object | None = None) -> GrpcTransport:
+    def connect(
+        cls,
+        endpoint: str | None = None,
+        credentials: object | None = None,
+        *,
+        root_certificates: bytes | None = None,
+    ) -> GrpcTransport:
         """Resolve the endpoint and open a channel to it (inside the event loop that will use it)."""
-        return cls(create_channel(resolve_endpoint(endpoint, credentials=credentials), credentials))
+        target = resolve_endpoint(endpoint, credentials=credentials)
+        return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
     async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""

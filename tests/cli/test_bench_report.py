@@ -15,12 +15,14 @@ import pytest
 from rich.console import Console
 
 from hedgepub.bench import (
+    LABEL_GID,
     RESULT_KEYS,
     BenchConfig,
     LatencyRecorder,
     PublisherResult,
     arrival_times,
     build_table,
+    latency_cdf_figure,
     pair_orders,
     plot_latency_cdf,
     print_report,
@@ -28,6 +30,7 @@ from hedgepub.bench import (
     results_document,
     write_results_json,
 )
+from hedgepub.bench._report import format_ms
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -133,8 +136,28 @@ class TestDocument:
         assert json.loads(path.read_text()) == document
 
     def test_a_missing_publisher_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="hedged"):
+        with pytest.raises(ValueError, match="at least one hedged"):
             results_document({}, {"unhedged": _result(LatencyRecorder())})
+        with pytest.raises(ValueError, match="'unhedged'"):
+            results_document({}, {"hedged": _result(LatencyRecorder()), "other": _result(LatencyRecorder())})
+
+    def test_any_number_of_publishers_is_a_column_each_unhedged_first(self) -> None:
+        recorders = {name: LatencyRecorder() for name in ("fixed-100ms", "unhedged", "adaptive")}
+        for seed, recorder in enumerate(recorders.values()):
+            for seconds in _mixed_latencies(500, seed):
+                recorder.record(seconds)
+        delays = {"unhedged": None, "fixed-100ms": 100.0, "adaptive": 123.4}
+        results = {
+            name: _result(recorder, hedge_delay_ms=delays[name]) for name, recorder in recorders.items()
+        }  # type: ignore[arg-type]
+        document = results_document({}, results)
+        assert list(document["results"]) == ["unhedged", "fixed-100ms", "adaptive"]
+        assert document["results"]["adaptive"]["hedge_delay_ms"] == 123.4
+        lines = render_markdown(document).splitlines()
+        assert lines[0] == "| measure | unhedged | fixed-100ms | adaptive |"
+        assert lines[1] == "|---|---:|---:|---:|"
+        assert "| hedge delay (ms) | - | 100 | 123 |" in lines
+        assert all(line.count("|") == 5 for line in lines)
 
     def test_the_table_shows_every_measure_and_the_ratios(self) -> None:
         document = _document()
@@ -155,13 +178,17 @@ class TestDocument:
         assert "duplicates on server" in text
         assert "failed" in text
         p99 = document["results"]["hedged"]["p99_ms"] / document["results"]["unhedged"]["p99_ms"]
-        assert f"{p99:.2f}x" in text
-        assert build_table(document).row_count == 11
+        assert f"({p99:.2f}x)" in text
+        assert "hedge delay (ms)" in text
+        assert "duplicates after dedup" in text
+        # hedges that all went to the primary need no per-endpoint rows
+        assert "hedges to" not in text
+        assert build_table(document).row_count == 13
 
     def test_the_markdown_table_has_a_header_and_one_line_per_measure(self) -> None:
         lines = render_markdown(_document()).splitlines()
-        assert lines[0].startswith("| measure | unhedged | hedged")
-        assert len(lines) == 13
+        assert lines[0] == "| measure | unhedged | hedged |"
+        assert len(lines) == 15
         assert all(line.startswith("|") and line.endswith("|") for line in lines)
 
 
@@ -191,12 +218,18 @@ class TestConfig:
         config = BenchConfig()
         assert 40 <= config.expected_seconds() <= 60
         assert config.warmup_target() == 500  # 50 tokens at 0.1 per success
-        assert config.hedging_settings().hedge_delay == 0.1
+        unhedged, fixed, adaptive = config.publishers()
+        assert (unhedged.name, unhedged.hedging) == ("unhedged", None)
+        assert fixed.name == "fixed-100ms" and fixed.hedging.hedge_delay == 0.1  # type: ignore[union-attr]
+        assert adaptive.name == "adaptive" and adaptive.hedging.adaptive_delay is not None  # type: ignore[union-attr]
 
     @pytest.mark.parametrize(
         ("field", "value", "message"),
         [
-            ("hedge_delay", 0.05, "hedge_delay"),
+            ("hedge_delays", (0.05,), "hedge_delay"),
+            ("hedge_delays", ("fast",), "'auto'"),
+            ("hedge_delays", (), "at least one"),
+            ("hedge_delays", (0.1, 0.1), "must not repeat"),
             ("max_tokens", 0, "max_tokens"),
             ("refill_ratio", 0.5, "refill_ratio"),
             ("messages", 0, "messages"),
@@ -207,3 +240,94 @@ class TestConfig:
     def test_bad_settings_are_refused_naming_the_field(self, field: str, value: object, message: str) -> None:
         with pytest.raises(ValueError, match=message):
             BenchConfig(**{field: value})
+
+
+def _labels(figure) -> list:
+    """The texts of the plot's percentile table."""
+    from matplotlib.text import Text
+
+    return [text for text in figure.findobj(Text) if text.get_gid() == LABEL_GID]
+
+
+def _text_boxes(figure) -> list[tuple[str, object]]:
+    """(text, window extent) of every non-empty visible text the figure draws."""
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)  # lays out ticks and their labels as they are saved
+    axes = figure.axes[0]
+    drawn = [*axes.get_xticklabels(), *axes.get_yticklabels(), axes.xaxis.label, axes.yaxis.label]
+    legend = axes.get_legend()
+    if legend is not None:
+        drawn += legend.get_texts()
+    drawn += _labels(figure)
+    drawn += figure.texts
+    return [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in drawn
+        if text.get_visible() and text.get_text().strip()
+    ]
+
+
+#: Three latency shapes: the README's mix, a short run's two tiers, and three publishers that nearly tie.
+_PLOT_CASES = {
+    "go-mix": {
+        "unhedged": [seconds * 1000 for seconds in _mixed_latencies(2000, 1)],
+        "hedged": [min(seconds, 0.106) * 1000 for seconds in _mixed_latencies(2000, 2)],
+    },
+    "short-two-tier": {
+        "unhedged": [1.2 + (i % 7) / 10 if i % 10 else 1000.0 + i % 5 for i in range(500)],
+        "hedged": [1.2 + (i % 7) / 10 if i % 10 else 101.5 + i % 3 for i in range(500)],
+    },
+    "three-close": {
+        name: [5.0 + (i % 13) / 10 + shift if i % 50 else 300.0 + shift for i in range(1000)]
+        for name, shift in (("unhedged", 0.0), ("hedged", 0.1), ("adaptive", 0.2))
+    },
+}
+
+
+class TestPlotLabels:
+    @pytest.mark.parametrize("case", sorted(_PLOT_CASES))
+    def test_no_two_texts_overlap_and_no_curve_crosses_a_label(self, case: str) -> None:
+        import matplotlib.pyplot as plt
+
+        latencies = _PLOT_CASES[case]
+        subtitle = "injected on Publish: 90%:1ms,10%:1s; hedge delay 100 ms; 500 publishes each at 100/s"
+        figure = latency_cdf_figure(latencies, subtitle=subtitle)
+        try:
+            boxes = _text_boxes(figure)
+            assert len(boxes) >= 4 * len(latencies) + 4  # the values, the row labels, titles, ticks
+            for (first, a), (second, b) in itertools.combinations(boxes, 2):
+                assert not a.padded(1).overlaps(b), f"{first!r} overlaps {second!r}"
+            renderer = figure.canvas.get_renderer()
+            plot_area = figure.axes[0].get_window_extent(renderer)
+            labels = [
+                text for text in figure.findobj() if getattr(text, "get_gid", lambda: None)() == LABEL_GID
+            ]
+            for label in labels:  # the curves are clipped to the axes, so outside it none can cross a label
+                box = label.get_window_extent(renderer)
+                assert box.x0 > plot_area.x1, f"{label.get_text()!r} lies inside the axes"
+                assert box.x1 <= figure.bbox.x1 and box.y1 <= figure.bbox.y1, (
+                    f"{label.get_text()!r} is cut off"
+                )
+        finally:
+            plt.close(figure)
+
+    def test_the_labels_show_the_numbers_of_the_table_and_json(self) -> None:
+        import matplotlib.pyplot as plt
+
+        document = _document()
+        latencies = _PLOT_CASES["go-mix"]
+        figure = latency_cdf_figure(latencies, results=document["results"])
+        try:
+            shown = {
+                text.get_text()
+                for text in figure.findobj()
+                if getattr(text, "get_gid", lambda: None)() == LABEL_GID
+            }
+        finally:
+            plt.close(figure)
+        table = render_markdown(document)
+        for name in ("unhedged", "hedged"):
+            for key in ("p50_ms", "p90_ms", "p99_ms", "p999_ms"):
+                value = format_ms(document["results"][name][key])
+                assert f"{value} ms" in shown
+                assert f"| {value} |" in table or f"| {value} (" in table  # hedged cells: "106 (0.04x)"

@@ -574,7 +574,7 @@ def test_core_hedge_then_win_then_ignores_late_events(bucket_with: BucketWith) -
     actions = core.attempt_succeeded(1, ["id"], 1.25)
     assert actions[0] == CancelAttempt(0)
     assert isinstance(actions[1], Resolve)
-    assert actions[1].outcome == BatchOutcome(("id",), None, 1, 2, 1, 0, 1.25)
+    assert actions[1].outcome == BatchOutcome(("id",), None, 1, 2, 1, 0, 1.25, hedge_delay=1.0)
     assert core.attempt_succeeded(0, ["late"], 1.3) == []
     assert core.timer_fired(Timer(TimerKind.HEDGE, 2), 2.0) == []
     assert bucket.tokens == pytest.approx(0.1)

@@ -15,6 +15,7 @@ import pytest
 from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as types
+from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server import IamConfig, LocalServer
 
@@ -68,6 +69,7 @@ _RESPONSES: dict[str, tuple[str, Any]] = {
     "CreateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
     "GetSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
     "UpdateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
+    "ModifyPushConfig": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
     "ListSubscriptions": ("google.pubsub.v1.Subscriber", types.ListSubscriptionsResponse.pb()),
     "DeleteSubscription": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
     "Pull": ("google.pubsub.v1.Subscriber", types.PullResponse.pb()),
@@ -77,7 +79,18 @@ _RESPONSES: dict[str, tuple[str, Any]] = {
     "GetIamPolicy": ("google.iam.v1.IAMPolicy", policy_pb2.Policy),
     "SetIamPolicy": ("google.iam.v1.IAMPolicy", policy_pb2.Policy),
     "TestIamPermissions": ("google.iam.v1.IAMPolicy", iam_policy_pb2.TestIamPermissionsResponse),
+    "CreateSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
+    "GetSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
+    "ListSchemas": ("google.pubsub.v1.SchemaService", schema_types.ListSchemasResponse.pb()),
+    "ListSchemaRevisions": ("google.pubsub.v1.SchemaService", schema_types.ListSchemaRevisionsResponse.pb()),
+    "CommitSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
+    "RollbackSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
+    "DeleteSchemaRevision": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
+    "DeleteSchema": ("google.pubsub.v1.SchemaService", empty_pb2.Empty),
+    "ValidateSchema": ("google.pubsub.v1.SchemaService", schema_types.ValidateSchemaResponse.pb()),
+    "ValidateMessage": ("google.pubsub.v1.SchemaService", schema_types.ValidateMessageResponse.pb()),
 }
+AVRO = '{"type": "record", "name": "Event", "fields": [{"name": "id", "type": "int"}]}'
 
 
 class Caller:
@@ -144,6 +157,16 @@ class Caller:
     def publish(self, topic: str, data: bytes = b"payload", token: str = ADMIN) -> list[str]:
         request = types.PublishRequest.pb()(topic=topic, messages=[types.PubsubMessage.pb()(data=data)])
         return list(self.call("Publish", request, token).message_ids)
+
+    def create_schema(self) -> Any:
+        """A new Avro schema with two revisions (so that one can be deleted); returns the latest."""
+        schema = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition=AVRO)
+        request = schema_types.CreateSchemaRequest.pb()(
+            parent=PROJECT, schema=schema, schema_id=self.unique("schema")
+        )
+        created = self.call("CreateSchema", request, ADMIN)
+        commit = schema_types.CommitSchemaRequest.pb()(name=created.name, schema=schema)
+        return self.call("CommitSchema", commit, ADMIN)
 
     def set_policy(self, resource: str, bindings: dict[str, list[str]], token: str = ADMIN) -> Any:
         policy = policy_pb2.Policy(
@@ -235,6 +258,9 @@ def sample_request(method: str, caller: Caller) -> Any:
         "UpdateSubscription": lambda: types.UpdateSubscriptionRequest.pb()(
             subscription=types.Subscription.pb()(name=subscription, topic=topic, labels={"team": "a"}), **mask
         ),
+        "ModifyPushConfig": lambda: types.ModifyPushConfigRequest.pb()(
+            subscription=subscription, push_config=types.PushConfig.pb()()
+        ),
         "ListSubscriptions": lambda: types.ListSubscriptionsRequest.pb()(project=PROJECT),
         "DeleteSubscription": lambda: types.DeleteSubscriptionRequest.pb()(subscription=subscription),
         "Pull": lambda: types.PullRequest.pb()(
@@ -257,13 +283,51 @@ def sample_request(method: str, caller: Caller) -> Any:
             resource=topic, permissions=["pubsub.topics.get"]
         ),
     }
+    if method.endswith(("Schema", "Schemas", "SchemaRevisions", "SchemaRevision", "Message")):
+        builders.update(_schema_requests(caller))
     if method == "StreamingPull":
         caller.publish(topic)  # so that an allowed stream answers at once
     return builders[method]()
 
 
+def _schema_requests(caller: Caller) -> dict[str, Any]:
+    """Builders of valid SchemaService requests on a fresh schema (created by the admin)."""
+    latest = caller.create_schema()
+    name = latest.name
+    avro = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition=AVRO)
+    return {
+        "CreateSchema": lambda: schema_types.CreateSchemaRequest.pb()(
+            parent=PROJECT, schema=avro, schema_id=caller.unique("new")
+        ),
+        "GetSchema": lambda: schema_types.GetSchemaRequest.pb()(name=name),
+        "ListSchemas": lambda: schema_types.ListSchemasRequest.pb()(parent=PROJECT),
+        "ListSchemaRevisions": lambda: schema_types.ListSchemaRevisionsRequest.pb()(name=name),
+        "CommitSchema": lambda: schema_types.CommitSchemaRequest.pb()(name=name, schema=avro),
+        "RollbackSchema": lambda: schema_types.RollbackSchemaRequest.pb()(
+            name=name, revision_id=latest.revision_id
+        ),
+        "DeleteSchemaRevision": lambda: schema_types.DeleteSchemaRevisionRequest.pb()(
+            name=f"{name}@{latest.revision_id}"
+        ),
+        "DeleteSchema": lambda: schema_types.DeleteSchemaRequest.pb()(name=name),
+        "ValidateSchema": lambda: schema_types.ValidateSchemaRequest.pb()(parent=PROJECT, schema=avro),
+        "ValidateMessage": lambda: schema_types.ValidateMessageRequest.pb()(
+            parent=PROJECT, name=name, message=b'{"id": 1}', encoding=schema_types.Encoding.JSON
+        ),
+    }
+
+
 ALL_METHODS = sorted(_RESPONSES)
-_VIEW = {"GetTopic", "ListTopics", "ListTopicSubscriptions", "GetSubscription", "ListSubscriptions"}
+_VIEW = {
+    "GetTopic",
+    "ListTopics",
+    "ListTopicSubscriptions",
+    "GetSubscription",
+    "ListSubscriptions",
+    "GetSchema",
+    "ListSchemas",
+    "ListSchemaRevisions",
+}
 _CONSUME = {"Pull", "StreamingPull", "Acknowledge", "ModifyAckDeadline"}
 #: What each role may call, from the access-control documentation (TestIamPermissions needs nothing).
 ALLOWED: dict[str, set[str]] = {

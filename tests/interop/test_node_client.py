@@ -23,6 +23,7 @@ CLIENT_PACKAGE = NODE_DIR / "node_modules" / "@google-cloud" / "pubsub"
 PROJECT = "node-interop"
 TOPIC_ID = "orders"
 SUBSCRIPTION_ID = "orders-ordered"
+WITNESS_ID = "orders-witness"
 ORDERED_MESSAGES = 5
 
 
@@ -48,6 +49,8 @@ def test_official_node_client_round_trip() -> None:
             "INTEROP_PROJECT": PROJECT,
             "INTEROP_TOPIC": TOPIC_ID,
             "INTEROP_SUBSCRIPTION": SUBSCRIPTION_ID,
+            # Never pulled: it keeps every message on the server for the comparison below.
+            "INTEROP_WITNESS_SUBSCRIPTION": WITNESS_ID,
             "INTEROP_MESSAGES": str(ORDERED_MESSAGES),
             # The script's own deadline comes first, so a hang ends with its message, not a kill.
             "INTEROP_TIMEOUT_MS": "45000",
@@ -80,7 +83,8 @@ def test_official_node_client_round_trip() -> None:
     assert all(message["orderingKey"] == "interop-key" for message in received)
     assert summary["nack"] == {"id": published[-1], "deliveries": 2}
 
-    # What the server kept, in publish order, is exactly what the Node client sent.
+    # What the server kept for the witness subscription, in publish order, is exactly what the Node
+    # client sent.
     assert [message.message_id for message in stored] == published
     assert [message.data for message in stored] == [
         *(f"ordered-{i}".encode() for i in range(ORDERED_MESSAGES)),

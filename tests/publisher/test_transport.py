@@ -20,6 +20,7 @@ from hedgepub._transport import (
     ScriptedTransport,
     create_channel,
     map_rpc_error,
+    parse_endpoint,
     request_metadata,
     resolve_endpoint,
 )
@@ -71,12 +72,36 @@ def test_metadata_ties_the_attempt_to_its_batch() -> None:
         ("127.0.0.1:9000", object(), {}, ChannelTarget("127.0.0.1:9000", True)),
         (None, None, {"PUBSUB_EMULATOR_HOST": "127.0.0.1:8681"}, ChannelTarget("127.0.0.1:8681", False)),
         (None, None, {}, ChannelTarget(DEFAULT_ENDPOINT, True)),
+        ("http://localhost", None, {}, ChannelTarget("localhost:80", False)),
+        ("http://[::1]:8085/", None, {}, ChannelTarget("[::1]:8085", False)),
+        ("[::1]:8085", None, {}, ChannelTarget("[::1]:8085", False)),
+        ("unix:/tmp/pubsub.sock", None, {}, ChannelTarget("unix:/tmp/pubsub.sock", False)),
     ],
 )
 def test_endpoint_selection(
     endpoint: str | None, credentials: object, environ: dict, expected: ChannelTarget
 ) -> None:
     assert resolve_endpoint(endpoint, credentials=credentials, environ=environ) == expected
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "ftp://example.test:21",
+        "http://",
+        "https://:443",
+        "example.test:http",
+        "example.test:0",
+        "example.test:70000",
+        "http://example.test:8085/v1",
+        "host name:8085",
+        "[::1",
+        "[::1]8085",
+    ],
+)
+def test_a_malformed_endpoint_is_refused_naming_the_accepted_forms(endpoint: str) -> None:
+    with pytest.raises(ValueError, match=r"HOST:PORT, http://HOST:PORT .* or https://HOST\[:PORT\]"):
+        parse_endpoint(endpoint)
 
 
 def test_channel_allows_messages_above_ten_megabytes() -> None:

@@ -89,7 +89,7 @@ def test_a_message_older_than_the_retention_is_not_delivered() -> None:
         core.wall_clock_ns = lambda: published + 601 * 10**9  # "old" is now past 10 minutes
         assert [r.message.data for r in await core.pull(SUBSCRIPTION, 10, 0)] == [b"new"]
         await asyncio.sleep(0)  # the expired message's removal from the store
-        assert [message.data for _, message in store.load().pending[SUBSCRIPTION]] == [b"new"]
+        assert [message.data for _, message in store.pending(SUBSCRIPTION, 0, 100)] == [b"new"]
 
     run_virtual(scenario())
 
@@ -254,7 +254,7 @@ def test_dead_lettering_happens_at_the_last_nack_without_anyone_pulling_the_sour
         assert now() == 0.0
         assert forwarded.message.data == b"poison"
         assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
-        assert store.load().pending[SUBSCRIPTION] == []  # acknowledged on the source, durably
+        assert store.pending(SUBSCRIPTION, 0, 100) == []  # acknowledged on the source, durably
 
     run_virtual(scenario())
 
@@ -282,13 +282,13 @@ def test_a_failed_dead_letter_forwarding_keeps_the_message_and_logs(caplog: pyte
         (again,) = await core.pull(SUBSCRIPTION, 1, 5.0)  # back on the source, not dropped
         assert again.message.data == b"poison" and again.delivery_attempt == 6
         assert store.messages(DEAD_LETTERS) == []
-        assert [sequence for sequence, _ in store.load().pending[SUBSCRIPTION]] == [1]  # still durable
+        assert [sequence for sequence, _ in store.pending(SUBSCRIPTION, 0, 100)] == [1]  # still durable
         # The next nack tries again, and now the store takes it.
         store.failing.clear()
         core.modify_ack_deadline(SUBSCRIPTION, [again.ack_id], 0)
         (forwarded,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 5.0)
         assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "6"
-        assert store.load().pending[SUBSCRIPTION] == []
+        assert store.pending(SUBSCRIPTION, 0, 100) == []
 
     with caplog.at_level("ERROR", logger="hedgepub.server"):
         run_virtual(scenario())
@@ -351,5 +351,89 @@ def test_deleting_a_subscription_ends_its_waiting_consumers() -> None:
         await core.delete_subscription(SUBSCRIPTION)
         with pytest.raises(ServiceError, match="Resource not found"):
             await waiting
+
+    run_virtual(scenario())
+
+
+def test_a_subscription_holds_a_bounded_window_and_reads_the_rest_of_its_backlog_in_order() -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        core = PubSubCore(store, window=50)
+        core.load()
+        await core.create_topic(Topic(name=TOPIC))
+        await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC))
+        for start in range(0, 1000, 100):
+            await publish(core, *(f"m{i}".encode() for i in range(start, start + 100)))
+        state = core._subscriptions[SUBSCRIPTION]
+        assert state.held() == 50  # the other 950 are only in the store
+        received: list[bytes] = []
+        while batch := await core.pull(SUBSCRIPTION, 30, 0):
+            assert state.held() <= 50
+            received.extend(r.message.data for r in batch)
+            await core.acknowledge(SUBSCRIPTION, [r.ack_id for r in batch])
+        assert received == [f"m{i}".encode() for i in range(1000)]
+        assert core.is_idle() and store.messages(TOPIC) == []  # acknowledged messages leave the store
+
+    run_virtual(scenario())
+
+
+def test_an_ordered_subscription_keeps_key_order_across_pages() -> None:
+    async def scenario() -> None:
+        core = PubSubCore(MemoryStore(), window=4)
+        core.load()
+        await core.create_topic(Topic(name=TOPIC))
+        await core.create_subscription(
+            Subscription(name=SUBSCRIPTION, topic=TOPIC, enable_message_ordering=True)
+        )
+        for i in range(10):
+            await publish(core, f"a{i}".encode(), key="a")
+            await publish(core, f"b{i}".encode(), key="b")
+        seen: dict[str, list[int]] = {"a": [], "b": []}
+        while batch := await core.pull(SUBSCRIPTION, 10, 0):
+            assert len({r.message.ordering_key for r in batch}) == len(batch)  # one per key at a time
+            for r in batch:
+                seen[r.message.ordering_key].append(int(r.message.data[1:]))
+            await core.acknowledge(SUBSCRIPTION, [r.ack_id for r in batch])
+        assert seen == {"a": list(range(10)), "b": list(range(10))}
+
+    run_virtual(scenario())
+
+
+def test_a_modify_ack_deadline_loop_leaves_the_deadline_heap_bounded() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        await publish(core, *(f"m{i}".encode() for i in range(10)))
+        leases = await core.pull(SUBSCRIPTION, 10, 0)
+        ack_ids = [r.ack_id for r in leases]
+        for _ in range(2000):
+            core.modify_ack_deadline(SUBSCRIPTION, ack_ids, 60)
+        assert core._leasing.heap_size() <= 2 * 10 + 1024 + 1
+        await core.acknowledge(SUBSCRIPTION, ack_ids)
+        for _ in range(2000):  # acknowledged: nothing to extend, nothing added
+            core.modify_ack_deadline(SUBSCRIPTION, ack_ids, 60)
+        assert core._leasing.heap_size() <= 1024 + 1
+
+    run_virtual(scenario())
+
+
+def test_pull_responses_stay_under_four_mebibytes_and_a_larger_message_goes_alone() -> None:
+    from hedgepub.server._delivery import MAX_RESPONSE_BYTES
+
+    async def scenario() -> None:
+        core = await make_core()
+        for _ in range(4):
+            await publish(core, *([b"x" * 5000] * 500))
+        sizes = []
+        while batch := await core.pull(SUBSCRIPTION, 1000, 0):
+            response = types.PullResponse.pb()(received_messages=batch)
+            sizes.append(response.ByteSize())
+            await core.acknowledge(SUBSCRIPTION, [r.ack_id for r in batch])
+        assert max(sizes) <= MAX_RESPONSE_BYTES < 4 * 1024 * 1024 and len(sizes) >= 3
+        big = b"y" * (limits_max := 5 * 1024 * 1024)
+        await publish(core, big, b"small")
+        (alone,) = await core.pull(SUBSCRIPTION, 10, 0)
+        assert len(alone.message.data) == limits_max
+        (after,) = await core.pull(SUBSCRIPTION, 10, 0)
+        assert after.message.data == b"small"
 
     run_virtual(scenario())

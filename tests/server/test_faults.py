@@ -31,6 +31,7 @@ from hedgepub.server._faults import (
     FaultRule,
     LatencyBucket,
     LatencyMix,
+    StallWindows,
     resolve_method,
 )
 
@@ -192,7 +193,7 @@ def test_method_table_matches_the_protocol_descriptors() -> None:
     metadata = json.loads((Path(google.pubsub_v1.__file__).parent / "gapic_metadata.json").read_text())
     expected = {
         f"/google.pubsub.v1.{service}/{rpc}"
-        for service in ("Publisher", "Subscriber")
+        for service in ("Publisher", "Subscriber", "SchemaService")
         for rpc in metadata["services"][service]["clients"]["grpc"]["rpcs"]
     }
     iam = iam_policy_pb2.DESCRIPTOR.services_by_name["IAMPolicy"]
@@ -556,3 +557,114 @@ async def test_requests_are_logged_at_debug_level(
     messages = logged()
     assert any(message.startswith("GetTopic OK ") for message in messages), messages
     assert any(message.startswith("Publish ABORTED ") for message in messages), messages
+
+
+# -- stall windows: slowness correlated in time ---------------------------------------------------------
+
+
+def test_stall_windows_parse_validate_and_round_trip() -> None:
+    windows = StallWindows.parse("500ms/5s")
+    assert (windows.stall, windows.period, windows.phase) == (0.5, 5.0, None)
+    assert str(windows) == "500ms/5s"
+    assert StallWindows.parse("500ms/5s@1.5s") == StallWindows(0.5, 5.0, phase=1.5)
+    assert StallWindows.parse(str(StallWindows(0.5, 5.0, 0.0))) == StallWindows(0.5, 5.0, 0.0)
+    rule = FaultRule.parse("stall=250ms/2s;latency=1ms;error=UNAVAILABLE:1%")
+    assert rule == FaultRule(latency="1ms", errors={"UNAVAILABLE": 0.01}, stall="250ms/2s")
+    assert FaultRule.parse(str(rule)) == rule
+    assert hash(FaultRule.parse(str(rule))) == hash(rule)
+    assert rule != FaultRule(latency="1ms", errors={"UNAVAILABLE": 0.01})
+    merged = FaultRule(stall="1s/5s").merged(FaultRule(latency="2ms"))
+    assert merged == FaultRule(latency="2ms", stall="1s/5s")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("Publish:stall=500ms", "expected STALL/PERIOD"),
+        ("Publish:stall=5s/500ms", "less than its period"),
+        ("Publish:stall=5s/5s", "less than its period"),
+        ("Publish:stall=0ms/5s", "more than 0 s"),
+        ("Publish:stall=500ms/5s@6s", r"stall phase must be in \[0, period\)"),
+        ("Publish:stall=500ms/5s@", "expected STALL/PERIOD"),
+        ("Publish:stall=500/5s", "bad duration '500'"),
+        ("Publish:stall=1s/5s;stall=1s/6s", "stall given twice"),
+    ],
+)
+def test_stall_spec_errors_name_the_spec_and_the_problem(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FaultInjector.parse([spec])
+
+
+def test_stall_windows_in_the_faults_file(tmp_path: Path) -> None:
+    faults_file = tmp_path / "faults.json"
+    faults_file.write_text(json.dumps({"Publish": {"stall": "500ms/5s", "latency": "1ms"}}))
+    injector = FaultInjector.parse(["Publish:error=ABORTED:1%"], faults_file=faults_file)
+    assert injector.get("Publish") == FaultRule(latency="1ms", errors={"ABORTED": 0.01}, stall="500ms/5s")
+    faults_file.write_text(json.dumps({"Publish": {"stall": 5}}))
+    with pytest.raises(ValueError, match="'stall' must be a string"):
+        FaultInjector.parse(faults_file=faults_file)
+
+
+def test_a_call_waits_until_its_window_ends() -> None:
+    windows = StallWindows(0.5, 5.0)
+    # Windows open at phase + n * period; a call in one waits for its end, others go straight on.
+    assert windows.wait(elapsed=1.0, phase=1.0) == 0.5
+    assert windows.wait(elapsed=1.2, phase=1.0) == pytest.approx(0.3)
+    assert windows.wait(elapsed=1.5, phase=1.0) == 0.0
+    assert windows.wait(elapsed=11.4, phase=1.0) == pytest.approx(0.1)
+    assert windows.wait(elapsed=0.2, phase=4.8) == pytest.approx(0.1)  # the window that opened at -0.2
+    assert windows.wait(elapsed=4.7, phase=4.8) == 0.0
+
+
+def test_the_seed_sets_the_phase_of_windows_that_leave_it_open() -> None:
+    windows = StallWindows.parse("500ms/5s")
+    phases = {FaultInjector(seed=3).stall_phase(windows) for _ in range(3)}
+    assert len(phases) == 1
+    [phase] = phases
+    assert 0 <= phase < 5.0
+    assert FaultInjector(seed=4).stall_phase(windows) != phase
+    # Rules with the same period stall together; an explicit phase wins over the seed.
+    injector = FaultInjector(seed=3)
+    assert injector.stall_phase(StallWindows.parse("100ms/5s")) == phase
+    assert injector.stall_phase(StallWindows.parse("500ms/5s@2s")) == 2.0
+    injector.seed(4)
+    assert injector.stall_phase(windows) == FaultInjector(seed=4).stall_phase(windows)
+
+
+async def test_every_call_in_a_window_is_held_until_it_ends(echo: tuple[_EchoServer, Any]) -> None:
+    server, channel = echo
+    server.injector.seed(1)  # the windows' origin is now: one opens at once and lasts 300 ms
+    server.injector.set("Publish", FaultRule(stall=StallWindows(0.3, 60.0, phase=0.0)))
+    started = time.perf_counter()
+
+    async def finished_after(delay: float) -> float:
+        await asyncio.sleep(delay)
+        await _call(channel, PUBLISH)
+        return time.perf_counter() - started
+
+    held = await asyncio.gather(*(finished_after(delay) for delay in (0.0, 0.05, 0.15)))
+    # All three arrived in the window and were let go together at its end.
+    assert all(0.28 <= seconds < 0.6 for seconds in held), held
+    assert max(held) - min(held) < 0.1, held
+    free_started = time.perf_counter()
+    await _call(channel, PUBLISH)  # after the window
+    assert time.perf_counter() - free_started < 0.2
+    counts = server.injector.counts["Publish"]
+    assert (counts.calls, counts.stalled, counts.delayed) == (4, 3, 0)
+    assert server.injector.counts.stalled == 3
+    assert server.runs[PUBLISH] == 4
+
+
+async def test_a_call_cancelled_during_a_stall_never_reaches_the_handler(
+    echo: tuple[_EchoServer, Any],
+) -> None:
+    server, channel = echo
+    server.injector.seed(1)
+    server.injector.set("Publish", "stall=300ms/60s@0ms")
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await _call(channel, PUBLISH, timeout=0.05)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(0.4)
+    assert server.runs[PUBLISH] == 0
+    counts = server.injector.counts["Publish"]
+    assert (counts.calls, counts.stalled, counts.cancelled_during_delay) == (1, 1, 1)

@@ -171,7 +171,7 @@ def test_unimplemented_methods_and_services_say_so(pubsub_server: LocalServer, r
     for path in (
         "/google.pubsub.v1.Subscriber/Seek",
         "/google.pubsub.v1.Publisher/ListTopicSnapshots",
-        "/google.pubsub.v1.SchemaService/ListSchemas",
+        "/google.pubsub.v1.SchemaService/NoSuchMethod",
         "/no.such.Service/Method",
     ):
         stub = raw.channel.unary_unary(path, request_serializer=lambda _: b"", response_deserializer=bytes)

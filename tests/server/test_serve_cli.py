@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import hedgepub
+
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="sends POSIX signals to the server process")
 
 # Runs the CLI the way the `hedgepub` script does, without depending on the script being on PATH.
@@ -145,6 +147,7 @@ def test_ctrl_c_exits_cleanly_and_faults_apply(
         "GetTopic:error=PERMISSION_DENIED:100%",
         "--fault",
         "CreateTopic:latency=200ms",
+        "--dedup-hedges",
     )
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
     publisher = pubsub_v1.PublisherClient()
@@ -157,11 +160,15 @@ def test_ctrl_c_exits_cleanly_and_faults_apply(
             publisher.get_topic(topic=topic, retry=None)
     finally:
         publisher.transport.close()
+    with hedgepub.PublisherClient() as hedged:  # sends hedgepub-batch-id, which --dedup-hedges reads
+        hedged.publish(topic, b"once").result(timeout=10)
     server.process.send_signal(signal.SIGINT)
     assert server.wait() == 0, server.log()
     log = server.log()
     assert "fault injection on GetTopic: error=PERMISSION_DENIED:100%" in log
     assert "fault injection: 2 calls met a rule, 1 delayed, 1 failed" in log
+    assert "dedup-hedges on" in log
+    assert "dedup-hedges: 1 batches stored, 0 repeated attempts answered" in log
     assert "Traceback" not in log
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,29 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     await opened[-1].close()
 
 
+@pytest.fixture(params=["memory", "sqlite"])
+async def keeping(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A store that keeps messages published while their topic has no subscription."""
+    store: Store
+    if request.param == "memory":
+        store = MemoryStore(keep_unsubscribed=True)
+    else:
+        store = SqliteStore(tmp_path / "keeping.sqlite3", keep_unsubscribed=True)
+    yield store
+    await store.close()
+
+
 def message(sequence: int, data: bytes, **attributes: str) -> tuple[int, Any]:
     return sequence, PubsubMessage(data=data, message_id=str(sequence), attributes=attributes)
+
+
+def backlog(store: Store, subscription: str) -> list[int]:
+    return [sequence for sequence, _ in store.pending(subscription, 0, 10_000)]
+
+
+async def subscribe(store: Store, *names: str) -> None:
+    for name in names:
+        await store.put("subscriptions", name, Subscription(name=name, topic=TOPIC))
 
 
 async def test_resources_round_trip(stores: tuple[Store, Reopen]) -> None:
@@ -67,59 +89,106 @@ async def test_resources_round_trip(stores: tuple[Store, Reopen]) -> None:
 
 async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
-    for name in SUBSCRIPTIONS:
-        await store.put("subscriptions", name, Subscription(name=name, topic=TOPIC))
+    await subscribe(store, *SUBSCRIPTIONS)
     await store.append(TOPIC, [message(1, b"one", k="v"), message(2, b"two")], SUBSCRIPTIONS)
     await store.append(TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [2, 99])
-    snapshot = (await reopen()).load()
-    first = snapshot.pending[SUBSCRIPTIONS[0]]
+    store = await reopen()
+    first = store.pending(SUBSCRIPTIONS[0], 0, 10)
     assert [(sequence, m.data) for sequence, m in first] == [(1, b"one"), (3, b"three")]
     assert first[0][1].attributes["k"] == "v"
-    assert [sequence for sequence, _ in snapshot.pending[SUBSCRIPTIONS[1]]] == [1, 2]
-    assert snapshot.next_sequence == 4
+    assert backlog(store, SUBSCRIPTIONS[1]) == [1, 2]
+    assert store.load().next_sequence == 4
 
 
-async def test_messages_keep_publish_order_per_topic(stores: tuple[Store, Reopen]) -> None:
-    store, _ = stores
+async def test_pending_reads_a_backlog_in_pages(stores: tuple[Store, Reopen]) -> None:
+    store, reopen = stores
+    await subscribe(store, SUBSCRIPTIONS[0])
+    await store.append(TOPIC, [message(i, b"m") for i in range(1, 11)], SUBSCRIPTIONS[:1])
+    await store.ack(SUBSCRIPTIONS[0], [4, 5])
+    store = await reopen()
+    assert [s for s, _ in store.pending(SUBSCRIPTIONS[0], 0, 3)] == [1, 2, 3]
+    assert [s for s, _ in store.pending(SUBSCRIPTIONS[0], 3, 3)] == [6, 7, 8]
+    assert [s for s, _ in store.pending(SUBSCRIPTIONS[0], 8, 3)] == [9, 10]
+    assert store.pending(SUBSCRIPTIONS[0], 10, 3) == []
+    assert store.pending("projects/p/subscriptions/unknown", 0, 3) == []
+
+
+async def test_a_message_is_stored_once_and_goes_with_its_last_reference(
+    stores: tuple[Store, Reopen],
+) -> None:
+    store, reopen = stores
+    await subscribe(store, *SUBSCRIPTIONS)
+    await store.append(TOPIC, [message(1, b"a"), message(2, b"b")], SUBSCRIPTIONS)
+    assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # once, not once per subscription
+    await store.ack(SUBSCRIPTIONS[0], [1, 2])
+    assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # the second still needs them
+    await store.ack(SUBSCRIPTIONS[1], [1])
+    store = await reopen()
+    assert [m.data for _, m in store.messages(TOPIC)] == [b"b"]
+    await store.ack(SUBSCRIPTIONS[1], [2])
+    store = await reopen()
+    assert store.messages(TOPIC) == []
+    # The highest message went too, yet its sequence is never handed out again.
+    assert store.load().next_sequence == 3
+
+
+async def test_unsubscribed_messages_are_dropped_unless_kept(
+    stores: tuple[Store, Reopen], keeping: Store
+) -> None:
+    store, reopen = stores
     await store.append(TOPIC, [message(1, b"a"), message(2, b"b")], [])
-    await store.append("projects/p/topics/other", [message(3, b"c")], [])
-    await store.append(TOPIC, [message(4, b"d")], [])
-    assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b", b"d"]
-    assert store.messages("projects/p/topics/none") == []
+    store = await reopen()
+    assert store.messages(TOPIC) == []
+    assert store.load().next_sequence == 3
+    await keeping.append(TOPIC, [message(1, b"a"), message(2, b"b")], [])
+    await keeping.append("projects/p/topics/other", [message(3, b"c")], [])
+    await keeping.append(TOPIC, [message(4, b"d")], [])
+    assert [m.data for _, m in keeping.messages(TOPIC)] == [b"a", b"b", b"d"]
+    assert keeping.messages("projects/p/topics/none") == []
 
 
 async def test_deleting_a_subscription_forgets_its_backlog(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
-    await store.put("subscriptions", SUBSCRIPTIONS[0], Subscription(name=SUBSCRIPTIONS[0], topic=TOPIC))
+    await subscribe(store, *SUBSCRIPTIONS)
     await store.append(TOPIC, [message(1, b"x")], SUBSCRIPTIONS[:1])
+    await store.append(TOPIC, [message(2, b"y")], SUBSCRIPTIONS)
     await store.delete("subscriptions", SUBSCRIPTIONS[0])
-    await store.put("subscriptions", SUBSCRIPTIONS[0], Subscription(name=SUBSCRIPTIONS[0], topic=TOPIC))
-    assert (await reopen()).load().pending.get(SUBSCRIPTIONS[0], []) == []
+    await subscribe(store, SUBSCRIPTIONS[0])
+    store = await reopen()
+    assert backlog(store, SUBSCRIPTIONS[0]) == []
+    assert backlog(store, SUBSCRIPTIONS[1]) == [2]
+    assert [m.data for _, m in store.messages(TOPIC)] == [b"y"]  # x was only its
 
 
 async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await store.put("topics", TOPIC, Topic(name=TOPIC))
-    await store.append(TOPIC, [message(1, b"x"), message(2, b"y")], [])
+    await subscribe(store, SUBSCRIPTIONS[0])
+    await store.append(TOPIC, [message(1, b"x"), message(2, b"y")], SUBSCRIPTIONS[:1])
     await store.clear()
-    snapshot = (await reopen()).load()
-    assert snapshot.topics == {} and snapshot.pending == {}
+    store = await reopen()
+    snapshot = store.load()
+    assert snapshot.topics == {} and snapshot.subscriptions == {}
+    assert store.messages(TOPIC) == [] and backlog(store, SUBSCRIPTIONS[0]) == []
     assert snapshot.next_sequence == 3
 
 
 async def test_concurrent_writes_all_commit(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
-    await store.put("subscriptions", SUBSCRIPTIONS[0], Subscription(name=SUBSCRIPTIONS[0], topic=TOPIC))
+    await subscribe(store, SUBSCRIPTIONS[0])
     await asyncio.gather(*(store.append(TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 201)))
-    snapshot = (await reopen()).load()
-    assert [sequence for sequence, _ in snapshot.pending[SUBSCRIPTIONS[0]]] == list(range(1, 201))
+    store = await reopen()
+    assert backlog(store, SUBSCRIPTIONS[0]) == list(range(1, 201))
 
 
 async def test_sqlite_groups_concurrent_writes_into_few_commits(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "group.sqlite3")
     try:
-        await asyncio.gather(*(store.append(TOPIC, [message(i, b"m")], []) for i in range(1, 301)))
+        await subscribe(store, SUBSCRIPTIONS[0])
+        await asyncio.gather(
+            *(store.append(TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 301))
+        )
         assert store.commits < 300
     finally:
         await store.close()
@@ -128,13 +197,49 @@ async def test_sqlite_groups_concurrent_writes_into_few_commits(tmp_path: Path) 
 async def test_sqlite_failed_write_fails_only_its_caller(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "fail.sqlite3")
     try:
-        await store.append(TOPIC, [message(1, b"m")], [])
+        await subscribe(store, SUBSCRIPTIONS[0])
+        await store.append(TOPIC, [message(1, b"m")], SUBSCRIPTIONS[:1])
         results = await asyncio.gather(
-            store.append(TOPIC, [message(1, b"duplicate sequence")], []),
-            store.append(TOPIC, [message(2, b"fine")], []),
+            store.append(TOPIC, [message(1, b"duplicate sequence")], SUBSCRIPTIONS[:1]),
+            store.append(TOPIC, [message(2, b"fine")], SUBSCRIPTIONS[:1]),
             return_exceptions=True,
         )
         assert isinstance(results[0], Exception) and results[1] is None
         assert [m.data for _, m in store.messages(TOPIC)] == [b"m", b"fine"]
+    finally:
+        await store.close()
+
+
+_EARLIER_LAYOUT = """
+CREATE TABLE topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE messages (sequence INTEGER PRIMARY KEY, topic TEXT NOT NULL, body BLOB NOT NULL);
+CREATE INDEX messages_by_topic ON messages (topic, sequence);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE pending (subscription TEXT NOT NULL, sequence INTEGER NOT NULL,
+    PRIMARY KEY (subscription, sequence)) WITHOUT ROWID;
+"""
+
+
+async def test_sqlite_opens_a_file_of_the_earlier_layout(tmp_path: Path) -> None:
+    """Before references, each subscription's backlog was a row per (name, sequence) and no message went."""
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.executescript(_EARLIER_LAYOUT)
+        name = SUBSCRIPTIONS[0]
+        old.execute(
+            "INSERT INTO subscriptions VALUES (?, ?)", (name, Subscription(name=name).SerializeToString())
+        )
+        for sequence, body in (message(1, b"acked"), message(2, b"waiting"), message(3, b"acked too")):
+            old.execute("INSERT INTO messages VALUES (?, ?, ?)", (sequence, TOPIC, body.SerializeToString()))
+        old.execute("INSERT INTO pending VALUES (?, 2)", (name,))
+    store = SqliteStore(path)
+    try:
+        assert [(s, m.data) for s, m in store.pending(SUBSCRIPTIONS[0], 0, 10)] == [(2, b"waiting")]
+        assert [m.data for _, m in store.messages(TOPIC)] == [b"waiting"]
+        assert store.load().next_sequence == 4
+        await store.ack(SUBSCRIPTIONS[0], [2])
+        assert store.messages(TOPIC) == []
     finally:
         await store.close()

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from hedgepub import (
+    AdaptiveDelay,
     BatchSettings,
     FlowControlSettings,
     HedgingSettings,
@@ -227,3 +228,57 @@ def test_delay_equal_to_total_timeout_is_refused() -> None:
 def test_hedging_with_message_ordering_is_refused() -> None:
     with pytest.raises(ValueError, match="enable_message_ordering"):
         check_hedging(HedgingSettings(), RetrySettings(), enable_message_ordering=True)
+
+
+# The adaptive delay.
+
+
+def test_adaptive_delay_defaults_and_value_semantics() -> None:
+    adaptive = AdaptiveDelay()
+    assert (adaptive.percentile, adaptive.window, adaptive.min_samples) == (95.0, 10.0, 100)
+    assert AdaptiveDelay(window=datetime.timedelta(seconds=30)) == AdaptiveDelay(window=30)
+    settings = HedgingSettings(adaptive_delay=AdaptiveDelay(percentile=99))
+    assert settings.hedge_delay == 1.0  # still the delay used until enough latencies are seen
+    assert settings == HedgingSettings(adaptive_delay=AdaptiveDelay(percentile=99.0))
+    assert len({settings, HedgingSettings(), HedgingSettings(adaptive_delay=AdaptiveDelay())}) == 3
+    assert repr(settings) == (
+        "HedgingSettings(hedge_delay=1.0, max_tokens=50, refill_ratio=0.1, "
+        "adaptive_delay=AdaptiveDelay(percentile=99.0, window=10.0, min_samples=100))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("percentile", 49.9, ValueError),
+        ("percentile", 99.95, ValueError),
+        ("percentile", math.nan, ValueError),
+        ("percentile", True, TypeError),
+        ("percentile", "95", TypeError),
+        ("window", 0.5, ValueError),
+        ("window", 3601, ValueError),
+        ("window", math.inf, ValueError),
+        ("window", "10s", TypeError),
+        ("min_samples", 0, ValueError),
+        ("min_samples", 1_000_001, ValueError),
+        ("min_samples", 10.0, TypeError),
+        ("min_samples", False, TypeError),
+    ],
+)
+def test_adaptive_delay_refuses_bad_values_naming_the_field(field: str, value: object, error: type) -> None:
+    with pytest.raises(error, match=field) as raised:
+        AdaptiveDelay(**{field: value})  # type: ignore[arg-type]
+    assert repr(value) in str(raised.value)
+
+
+def test_adaptive_delay_must_be_an_adaptive_delay() -> None:
+    with pytest.raises(TypeError, match="adaptive_delay must be an AdaptiveDelay"):
+        HedgingSettings(adaptive_delay="auto")  # type: ignore[arg-type]
+
+
+def test_adaptive_delay_needs_room_under_half_the_rpc_timeouts() -> None:
+    adaptive = HedgingSettings(hedge_delay=0.1, adaptive_delay=AdaptiveDelay())
+    check_hedging(adaptive, RetrySettings(initial_rpc_timeout=0.2), enable_message_ordering=False)
+    with pytest.raises(ValueError, match="adaptive_delay needs room") as raised:
+        check_hedging(adaptive, RetrySettings(initial_rpc_timeout=0.15), enable_message_ordering=False)
+    assert "initial_rpc_timeout (0.15 s)" in str(raised.value)

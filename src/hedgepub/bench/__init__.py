@@ -5,13 +5,22 @@
     config = BenchConfig(messages=500, rate=100)
     run = asyncio.run(run_bench(config))
     print_report(run.document)
-    plot_latency_cdf(run.latencies_ms, "tail-latency.png")
+    plot_latency_cdf(run.latencies_ms, "tail-latency.png", results=run.document["results"])
     write_results_json(run.document, "results.json")
 """
 
 from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
-from hedgepub.bench._experiment import DEFAULT_MIX, BenchConfig, BenchProgress, BenchRun, run_bench
-from hedgepub.bench._plot import plot_latency_cdf
+from hedgepub.bench._experiment import (
+    DEFAULT_MIX,
+    DEFAULT_STALL,
+    SCENARIOS,
+    BenchConfig,
+    BenchProgress,
+    BenchRun,
+    PublisherSpec,
+    run_bench,
+)
+from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_latency_cdf
 from hedgepub.bench._report import (
     RESULT_KEYS,
     LatencyRecorder,
@@ -26,17 +35,22 @@ from hedgepub.bench._schedule import arrival_times, pair_orders
 
 __all__ = [
     "DEFAULT_MIX",
+    "DEFAULT_STALL",
     "EMULATOR_HOST_VARIABLE",
+    "LABEL_GID",
     "RESULT_KEYS",
+    "SCENARIOS",
     "AdminClient",
     "BenchConfig",
     "BenchProgress",
     "BenchRun",
     "LatencyRecorder",
     "PublisherResult",
+    "PublisherSpec",
     "arrival_times",
     "build_table",
     "default_project",
+    "latency_cdf_figure",
     "pair_orders",
     "plot_latency_cdf",
     "print_report",

@@ -1,9 +1,10 @@
-"""A small synchronous admin client for Pub/Sub emulators: topics, subscriptions, pull and ack.
+"""A small synchronous admin client for Pub/Sub servers: topics, subscriptions, pull and ack.
 
 The bench uses it to create its topics and the CLI toolbox uses it for everything but publishing. It
-speaks the ``google.pubsub.v1`` gRPC protocol directly over a plain-text channel, with the raw protobuf
-classes of ``google-cloud-pubsub`` (no proto-plus wrappers on the wire), so every call has an explicit
-timeout and every failure is one exception type: :class:`hedgepub.RpcError`.
+speaks the ``google.pubsub.v1`` gRPC protocol directly, with the raw protobuf classes of
+``google-cloud-pubsub`` (no proto-plus wrappers on the wire), so every call has an explicit timeout and
+every failure is one exception type: :class:`hedgepub.RpcError`. The endpoint is read by the publisher's
+own parser (:func:`hedgepub._transport.resolve_endpoint`), so both take the same forms with the same rules.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import RpcError, StatusCode
+from hedgepub._transport import CHANNEL_OPTIONS, ChannelTarget, resolve_endpoint
 
 #: Environment variable naming the emulator's ``host:port``, as for every Pub/Sub client library.
 EMULATOR_HOST_VARIABLE = "PUBSUB_EMULATOR_HOST"
@@ -56,16 +58,36 @@ def _to_rpc_error(error: grpc.RpcError) -> RpcError:
 
 
 class AdminClient:
-    """Admin calls against a Pub/Sub emulator at ``endpoint`` (``host:port``), plain text.
+    """Admin calls against the Pub/Sub server at ``endpoint``.
+
+    ``endpoint`` takes the publisher's forms (``host:port``, ``http://host:port``, ``https://host[:port]``;
+    ``None``: ``PUBSUB_EMULATOR_HOST``); a malformed one raises ``ValueError``. ``access_token``, when
+    given, identifies the caller: as call credentials over TLS, as ``authorization: Bearer`` metadata on
+    a plain-text channel (what a local server with IAM enforcement reads). As for the publisher, a bare
+    ``host:port`` with a token means TLS.
 
     Every method raises :class:`hedgepub.RpcError` with the server's status code on failure, and
     ``RpcError(UNAVAILABLE)`` when the server cannot be reached within the timeout.
     """
 
-    def __init__(self, endpoint: str, *, timeout: float = 10.0) -> None:
-        self.endpoint = endpoint
+    def __init__(
+        self, endpoint: str | None, *, timeout: float = 10.0, access_token: str | None = None
+    ) -> None:
+        self.target: ChannelTarget = resolve_endpoint(endpoint, credentials=access_token)
+        self.endpoint = endpoint or self.target.target
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(endpoint)
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        if not self.target.secure:
+            self._channel = grpc.insecure_channel(self.target.target, options=CHANNEL_OPTIONS)
+            if access_token is not None:
+                self._metadata = (("authorization", f"Bearer {access_token}"),)
+        else:
+            credentials = grpc.ssl_channel_credentials()
+            if access_token is not None:
+                credentials = grpc.composite_channel_credentials(
+                    credentials, grpc.access_token_call_credentials(access_token)
+                )
+            self._channel = grpc.secure_channel(self.target.target, credentials, options=CHANNEL_OPTIONS)
 
     def __enter__(self) -> AdminClient:
         return self
@@ -93,7 +115,7 @@ class AdminClient:
             response_deserializer=response_class.FromString,
         )
         try:
-            return call(request, timeout=self.timeout, wait_for_ready=False)
+            return call(request, timeout=self.timeout, metadata=self._metadata, wait_for_ready=False)
         except grpc.RpcError as error:
             raise _to_rpc_error(error) from error
 
@@ -175,7 +197,7 @@ class AdminClient:
             response_deserializer=pubsub_types.PullResponse.pb().FromString,
         )
         try:
-            return list(call(request, timeout=wait).received_messages)
+            return list(call(request, timeout=wait, metadata=self._metadata).received_messages)
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return []
@@ -185,3 +207,10 @@ class AdminClient:
         """Acknowledge ``ack_ids`` on ``subscription``."""
         request = pubsub_types.AcknowledgeRequest.pb()(subscription=subscription, ack_ids=ack_ids)
         self._call(_SUBSCRIBER + "Acknowledge", request, empty_pb2.Empty)
+
+    def modify_ack_deadline(self, subscription: str, ack_ids: list[str], seconds: int) -> None:
+        """Change the lease of ``ack_ids`` to ``seconds`` from now; 0 hands them back for redelivery."""
+        request = pubsub_types.ModifyAckDeadlineRequest.pb()(
+            subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds
+        )
+        self._call(_SUBSCRIBER + "ModifyAckDeadline", request, empty_pb2.Empty)

@@ -1,31 +1,40 @@
-"""The tail-latency experiment: the same open-loop workload through an unhedged and a hedged publisher.
+"""The tail-latency experiment: the same open-loop workload through an unhedged publisher and hedged ones.
 
-One local server runs in-process with a latency mix injected on ``Publish``. Both publishers publish one
-message per batch at the same moments of one arrival schedule (their order shuffled at each moment), so
-machine noise, garbage collection and the server's load hit both alike, and the comparison is made
-within one run rather than across two. Each publisher has its own topic, so the duplicates that hedging
-may cause are counted per publisher.
+One local server runs in-process with a latency mix injected on ``Publish``. Every publisher (unhedged,
+then one per configured hedge delay: a fixed number of seconds, or ``"auto"`` for the adaptive delay)
+publishes one message per batch at the same moments of one arrival schedule (their order shuffled at
+each moment), so machine noise, garbage collection and the server's load hit all alike, and the
+comparison is made within one run rather than across several. Each publisher has its own topic, so the
+duplicates that hedging may cause are counted per publisher.
 
-Before measuring, a warm-up with no injected latency connects both channels and fills the hedged
-publisher's token bucket (it starts empty, as the spec says); the counters are read before and after
+Before measuring, a warm-up with no injected latency connects every channel and fills the hedged
+publishers' token buckets (they start empty, as the spec says); the counters are read before and after
 the measured period and only the difference is reported.
+
+The ``correlated-stalls`` scenario models slowness correlated in time at one place instead: a second
+local server starts beside the first, the first (the primary) gets stall windows on ``Publish`` (every
+publish arriving in a window waits until it ends: 500 ms every 5 s by default) and the second nothing,
+and three publishers run: ``unhedged``, ``hedged`` (hedges to the primary, where they stall as well) and
+``cross_endpoint`` (hedges to the second server, ``hedge_endpoints``). Every publisher stamps idempotency
+keys unless told not to, so ``duplicates_after_dedup`` shows what :class:`~hedgepub.Deduplicator` leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import math
 import os
 import platform
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import hedgepub
-from hedgepub import BatchSettings, HedgingSettings, RetrySettings
+from hedgepub import AdaptiveDelay, BatchSettings, HedgingSettings, RetrySettings
 from hedgepub.bench._admin_rpc import AdminClient
-from hedgepub.bench._report import PUBLISHERS, LatencyRecorder, PublisherResult, results_document
+from hedgepub.bench._report import UNHEDGED, LatencyRecorder, PublisherResult, results_document
 from hedgepub.bench._schedule import Arrivals, arrival_times, pair_orders
 
 if TYPE_CHECKING:
@@ -40,6 +49,35 @@ MAX_WARMUP = 5_000
 WARMUP_CONCURRENCY = 32
 _PROJECT = "hedgepub-bench"
 
+#: A hedged publisher's delay: fixed seconds, or ``"auto"`` for :class:`~hedgepub.AdaptiveDelay`.
+HedgeDelayChoice = float | Literal["auto"]
+#: The name of the adaptive publisher (``"auto"`` in ``hedge_delays``).
+ADAPTIVE = "adaptive"
+#: What the bench injects: a latency mix drawn per call, or stall windows on one of two servers.
+Scenario = Literal["latency-mix", "correlated-stalls"]
+SCENARIOS: tuple[str, ...] = ("latency-mix", "correlated-stalls")
+#: The stall windows of the correlated-stalls scenario: 500 ms every 5 s.
+DEFAULT_STALL = "500ms/5s"
+#: The publishers of the correlated-stalls scenario, as ``results.json`` names them.
+HEDGED = "hedged"
+CROSS_ENDPOINT = "cross_endpoint"
+
+
+@dataclass(frozen=True)
+class PublisherSpec:
+    """One publisher of the bench: its name (a column of the table, a key of ``results.json``, a topic)
+    and its hedging settings (``None``: unhedged)."""
+
+    name: str
+    hedging: HedgingSettings | None
+    #: Whether its hedges go to the correlated-stalls scenario's second server.
+    cross_endpoint: bool = False
+
+
+def fixed_name(delay: float) -> str:
+    """The name of the publisher hedging after a fixed ``delay`` seconds, e.g. ``fixed-100ms``."""
+    return f"fixed-{delay * 1000:g}ms"
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -49,23 +87,35 @@ class BenchConfig:
         messages: measured publishes per publisher.
         rate: publishes per second per publisher (both publish at every arrival).
         mix: latency mix injected on Publish, in the fault injector's syntax.
-        hedge_delay: seconds before a hedge is sent (0.1 to 10); well under the slow tiers of the mix.
-        max_tokens: the hedged publisher's token bucket size.
+        hedge_delays: one hedged publisher per entry: seconds before a hedge is sent (0.1 to 10), or
+            ``"auto"`` for the adaptive delay (95th percentile of recent latency, starting from the
+            default 1 s until it has 100 samples). The default compares 0.1 s, well under the slow
+            tiers of the mix, with the adaptive delay.
+        max_tokens: each hedged publisher's token bucket size.
         refill_ratio: tokens added per successful batch.
         seed: seeds the arrival schedule and the injected latencies, so a run can be repeated.
         warmup: warm-up publishes per publisher; ``None`` warms up until the token bucket is full.
         arrivals: ``poisson`` (exponential gaps) or ``fixed`` (equal gaps).
+        scenario: ``latency-mix`` (the mix on one server) or ``correlated-stalls`` (stall windows on the
+            primary of two servers; ``mix`` is not used, and ``hedge_delays`` holds one fixed delay).
+        stall: the correlated-stalls scenario's windows, ``STALL/PERIOD`` (the phase comes from ``seed``).
+        idempotency_key: every publisher stamps idempotency keys (``idempotency_attribute=True``).
+        dedup_hedges: the servers store each hedged batch once (``hedgepub serve --dedup-hedges``).
     """
 
     messages: int = 2_000
     rate: float = 40.0
     mix: str = DEFAULT_MIX
-    hedge_delay: float = 0.1
+    hedge_delays: tuple[HedgeDelayChoice, ...] = (0.1, "auto")
     max_tokens: int = 50
     refill_ratio: float = 0.1
     seed: int = 1
     warmup: int | None = None
     arrivals: Arrivals = "poisson"
+    scenario: Scenario = "latency-mix"
+    stall: str = DEFAULT_STALL
+    idempotency_key: bool = True
+    dedup_hedges: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.messages, bool) or not isinstance(self.messages, int) or self.messages < 1:
@@ -76,13 +126,50 @@ class BenchConfig:
             raise ValueError(f"warmup must be in [0, {MAX_WARMUP}]; got {self.warmup!r}")
         if self.arrivals not in ("poisson", "fixed"):
             raise ValueError(f"arrivals must be 'poisson' or 'fixed'; got {self.arrivals!r}")
-        self.hedging_settings()  # validates hedge_delay, max_tokens and refill_ratio with their messages
+        if isinstance(self.hedge_delays, (str, bytes)) or not isinstance(self.hedge_delays, tuple):
+            raise TypeError(f"hedge_delays must be a tuple; got {self.hedge_delays!r}")
+        if not self.hedge_delays:
+            raise ValueError("hedge_delays must name at least one hedged publisher")
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}; got {self.scenario!r}")
+        if self.scenario == "correlated-stalls":
+            from hedgepub.server import StallWindows
 
-    def hedging_settings(self) -> HedgingSettings:
-        """The hedged publisher's settings."""
-        return HedgingSettings(
-            hedge_delay=self.hedge_delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
-        )
+            StallWindows.parse(self.stall)  # raises ValueError naming the problem
+            if len(self.hedge_delays) != 1 or self.hedge_delays[0] == "auto":
+                raise ValueError(
+                    "the correlated-stalls scenario compares one fixed hedge delay on the primary and "
+                    f"across endpoints; give one, such as --hedge-delay 0.1 (got {self.hedge_delays!r})"
+                )
+        names = [spec.name for spec in self.publishers()]  # validates every delay, max_tokens, refill_ratio
+        if len(set(names)) != len(names):
+            raise ValueError(f"hedge_delays must not repeat a delay; got {self.hedge_delays!r}")
+
+    def publishers(self) -> tuple[PublisherSpec, ...]:
+        """Every publisher of the run, in the order they are shown: unhedged first."""
+        specs = [PublisherSpec(UNHEDGED, None)]
+        if self.scenario == "correlated-stalls":
+            delay = self.hedge_delays[0]
+            if isinstance(delay, str):
+                raise ValueError(f"the correlated-stalls scenario needs a fixed hedge delay; got {delay!r}")
+            hedging = HedgingSettings(
+                hedge_delay=delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
+            )
+            return (*specs, PublisherSpec(HEDGED, hedging), PublisherSpec(CROSS_ENDPOINT, hedging, True))
+        for delay in self.hedge_delays:
+            if delay == "auto":
+                hedging = HedgingSettings(
+                    max_tokens=self.max_tokens, refill_ratio=self.refill_ratio, adaptive_delay=AdaptiveDelay()
+                )
+                specs.append(PublisherSpec(ADAPTIVE, hedging))
+                continue
+            if isinstance(delay, str):
+                raise ValueError(f"hedge_delay must be seconds (0.1 to 10) or 'auto'; got {delay!r}")
+            hedging = HedgingSettings(
+                hedge_delay=delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
+            )
+            specs.append(PublisherSpec(fixed_name(hedging.hedge_delay), hedging))
+        return tuple(specs)
 
     def warmup_target(self) -> int:
         """Warm-up publishes per publisher: as given, or enough successes to fill the token bucket."""
@@ -133,17 +220,27 @@ class _Counters:
     attempts_sent: int
     hedges_sent: int
     hedges_won: int
+    #: hedges sent per endpoint, by the bench's name for it (``primary``, ``second``)
+    hedges_by_endpoint: dict[str, int]
 
     @classmethod
-    def of(cls, client: AsyncPublisherClient) -> _Counters:
+    def of(cls, client: AsyncPublisherClient, endpoint_names: Mapping[str, str]) -> _Counters:
         stats = client.stats()
-        return cls(stats.attempts_sent, stats.hedges_sent, stats.hedges_won)
+        by_endpoint = {
+            endpoint_names.get(address, address): endpoint.hedges_sent
+            for address, endpoint in stats.endpoints.items()
+        }
+        return cls(stats.attempts_sent, stats.hedges_sent, stats.hedges_won, by_endpoint)
 
     def __sub__(self, other: _Counters) -> _Counters:
         return _Counters(
             self.attempts_sent - other.attempts_sent,
             self.hedges_sent - other.hedges_sent,
             self.hedges_won - other.hedges_won,
+            {
+                name: sent - other.hedges_by_endpoint.get(name, 0)
+                for name, sent in self.hedges_by_endpoint.items()
+            },
         )
 
 
@@ -157,19 +254,21 @@ async def _warm_up(
     config: BenchConfig,
     progress: BenchProgress,
 ) -> int:
-    """Publish with no injected latency until the hedged bucket is full; returns publishes per client."""
+    """Publish with no injected latency until every hedged bucket is full; returns publishes per client."""
     target = config.warmup_target()
-    hedged = clients["hedged"]
+    hedged = [client for name, client in clients.items() if name != UNHEDGED]
     progress.phase("warm-up", target)
     done = 0
     while done < target:
-        if config.warmup is None and hedged.stats().tokens_available >= config.max_tokens:
+        if config.warmup is None and all(
+            client.stats().tokens_available >= config.max_tokens for client in hedged
+        ):
             break
         size = min(WARMUP_CONCURRENCY, target - done)
         publishes = [
             clients[name].publish(topics[name], _payload(f"warmup-{name}", done + offset))
             for offset in range(size)
-            for name in PUBLISHERS
+            for name in clients
         ]
         await asyncio.gather(*publishes)
         done += size
@@ -189,12 +288,13 @@ async def _measure(
     the schedule (ms).
     """
     loop = asyncio.get_running_loop()
+    names = tuple(clients)
     times = arrival_times(config.messages, config.rate, seed=config.seed, arrivals=config.arrivals)
-    orders = pair_orders(config.messages, PUBLISHERS, seed=config.seed)
-    recorders = {name: LatencyRecorder() for name in PUBLISHERS}
-    published: dict[str, set[bytes]] = {name: set() for name in PUBLISHERS}
-    failures = dict.fromkeys(PUBLISHERS, 0)
-    progress.phase("publishing", config.messages * len(PUBLISHERS))
+    orders = pair_orders(config.messages, names, seed=config.seed)
+    recorders = {name: LatencyRecorder() for name in names}
+    published: dict[str, set[bytes]] = {name: set() for name in names}
+    failures = dict.fromkeys(names, 0)
+    progress.phase("publishing", config.messages * len(names))
 
     async def publish_one(name: str, index: int) -> None:
         payload = _payload(name, index)
@@ -222,11 +322,32 @@ async def _measure(
     return recorders, published, failures, worst_lag * 1000.0
 
 
-def _count_stored(server: Any, topic: str, expected: set[bytes]) -> tuple[int, int]:
-    """(duplicates, missing): extra copies stored on ``topic``, and ``expected`` payloads not stored."""
-    stored = [message.data for message in server.messages(topic)]
+@dataclass(frozen=True)
+class _Copy:
+    """A stored message as :class:`~hedgepub.Deduplicator` reads it; IDs are per server, so prefixed."""
+
+    message_id: str
+    attributes: Mapping[str, str]
+
+
+def _count_stored(servers: Mapping[str, Any], topic: str, expected: set[bytes]) -> tuple[int, int, int]:
+    """(duplicates, duplicates after dedup, missing) of ``topic`` over every server.
+
+    Duplicates are extra copies of a payload; after dedup, those a consumer running
+    :class:`~hedgepub.Deduplicator` over every copy would still get; missing, ``expected`` payloads that
+    no server stored.
+    """
+    from hedgepub import Deduplicator
+
+    dedup = Deduplicator()
+    stored = []
+    passed = 0
+    for name, server in servers.items():
+        for message in server.messages(topic):
+            stored.append(message.data)
+            passed += not dedup.seen(_Copy(f"{name}/{message.message_id}", message.attributes))
     distinct = set(stored)
-    return len(stored) - len(distinct), len(expected - distinct)
+    return len(stored) - len(distinct), passed - len(distinct), len(expected - distinct)
 
 
 def run_info(duration: float) -> dict[str, Any]:
@@ -244,84 +365,110 @@ def run_info(duration: float) -> dict[str, Any]:
 async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) -> BenchRun:
     """Run the experiment described by ``config`` and return its results.
 
-    Starts a local server (in memory, 127.0.0.1, ephemeral port) for the duration of the run.
+    Starts a local server (in memory, 127.0.0.1, ephemeral port) for the duration of the run, and a
+    second one for the correlated-stalls scenario.
     """
     # imported here, when a run starts, so that the report and plot helpers load without the server
-    from hedgepub import AsyncPublisherClient
-    from hedgepub.server import FaultRule, LatencyMix, LocalServer
+    from hedgepub.server import LocalServer
 
-    progress = progress or _NoProgress()
+    with contextlib.ExitStack() as stack:
+        servers = {
+            name: stack.enter_context(
+                LocalServer(host="127.0.0.1", port=0, in_memory=True, dedup_hedges=config.dedup_hedges)
+            )
+            for name in (("primary", "second") if config.scenario == "correlated-stalls" else ("primary",))
+        }
+        return await _run_on(servers, config, progress or _NoProgress())
+
+
+async def _run_on(servers: Mapping[str, Any], config: BenchConfig, progress: BenchProgress) -> BenchRun:
+    from hedgepub import AsyncPublisherClient
+    from hedgepub.server import FaultRule, LatencyMix, StallWindows
+
+    stalls = config.scenario == "correlated-stalls"
     mix = LatencyMix.parse(config.mix)
+    rule = FaultRule(stall=StallWindows.parse(config.stall)) if stalls else FaultRule(latency=mix)
+    longest_delay = rule.stall.stall if rule.stall is not None else _longest_delay(mix)
+    server = servers["primary"]
+    endpoint_names = {running.address: name for name, running in servers.items()}
     loop = asyncio.get_running_loop()
     began = loop.time()
     batch = BatchSettings(max_messages=1)
     retry = RetrySettings()
-    with LocalServer(host="127.0.0.1", port=0, in_memory=True) as server:
-        topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in PUBLISHERS}
-        warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in PUBLISHERS}
-        with AdminClient(server.address) as admin:
+    specs = config.publishers()
+    names = [spec.name for spec in specs]
+    topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in names}
+    warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in names}
+    for running in servers.values():
+        with AdminClient(running.address) as admin:
             admin.wait_ready(10.0)
             for topic in (*topics.values(), *warmup_topics.values()):
                 await loop.run_in_executor(None, admin.create_topic, topic)
-        clients = {
-            "unhedged": AsyncPublisherClient(
-                batch_settings=batch, retry_settings=retry, endpoint=server.address
-            ),
-            "hedged": AsyncPublisherClient(
-                hedging_settings=config.hedging_settings(),
-                batch_settings=batch,
-                retry_settings=retry,
-                endpoint=server.address,
-            ),
+    clients = {
+        spec.name: AsyncPublisherClient(
+            hedging_settings=spec.hedging,
+            batch_settings=batch,
+            retry_settings=retry,
+            endpoint=server.address,
+            hedge_endpoints=[servers["second"].address] if spec.cross_endpoint else None,
+            idempotency_attribute=config.idempotency_key,
+        )
+        for spec in specs
+    }
+    try:
+        warmup_done = await _warm_up(clients, warmup_topics, config, progress)
+        before = {name: _Counters.of(client, endpoint_names) for name, client in clients.items()}
+        server.faults.seed(config.seed)  # stall windows count from here, their phase from the seed
+        server.faults.set("Publish", rule)
+        recorders, published, failures, lag_ms = await _measure(clients, topics, config, progress)
+        counters = {
+            name: _Counters.of(client, endpoint_names) - before[name] for name, client in clients.items()
         }
-        try:
-            warmup_done = await _warm_up(clients, warmup_topics, config, progress)
-            before = {name: _Counters.of(client) for name, client in clients.items()}
-            server.faults.seed(config.seed)
-            server.faults.set("Publish", FaultRule(latency=mix))
-            recorders, published, failures, lag_ms = await _measure(clients, topics, config, progress)
-            counters = {name: _Counters.of(client) - before[name] for name, client in clients.items()}
-            measure_end = loop.time()
-        finally:
-            for client in clients.values():
-                await client.shutdown(timeout=30.0)
-        # a losing attempt the server keeps working on after its caller gave up could still be stored
-        progress.phase("draining", None)
-        await _drain(measure_end, mix)
-        server.faults.set("Publish", None)
-        results: dict[str, PublisherResult] = {}
-        missing: dict[str, int] = {}
-        for name in PUBLISHERS:
-            duplicates, missing[name] = _count_stored(server, topics[name], published[name])
-            results[name] = PublisherResult.from_measurements(
-                recorders[name],
-                failed=failures[name],
-                attempts_sent=counters[name].attempts_sent,
-                hedges_sent=counters[name].hedges_sent,
-                hedges_won=counters[name].hedges_won,
-                duplicates=duplicates,
-            )
+        delays_ms = {name: client.stats().hedge_delay_ms for name, client in clients.items()}
+        measure_end = loop.time()
+    finally:
+        for client in clients.values():
+            await client.shutdown(timeout=30.0)
+    # a losing attempt the server keeps working on after its caller gave up could still be stored
+    progress.phase("draining", None)
+    await _drain(measure_end, longest_delay)
+    server.faults.set("Publish", None)
+    results: dict[str, PublisherResult] = {}
+    missing: dict[str, int] = {}
+    for name in names:
+        duplicates, after_dedup, missing[name] = _count_stored(servers, topics[name], published[name])
+        results[name] = PublisherResult.from_measurements(
+            recorders[name],
+            failed=failures[name],
+            attempts_sent=counters[name].attempts_sent,
+            hedges_sent=counters[name].hedges_sent,
+            hedges_won=counters[name].hedges_won,
+            duplicates=duplicates,
+            hedge_delay_ms=delays_ms[name] if name != UNHEDGED else None,
+            duplicates_after_dedup=after_dedup,
+            hedges_by_endpoint=counters[name].hedges_by_endpoint if name != UNHEDGED else {},
+        )
     config_entry = _config_entry(config, warmup_done, retry)
     config_entry["run"] = run_info(loop.time() - began)
     config_entry["run"]["max_schedule_lag_ms"] = round(lag_ms, 1)
     return BenchRun(
         document=results_document(config_entry, results),
-        latencies_ms={name: recorders[name].latencies_ms for name in PUBLISHERS},
+        latencies_ms={name: recorders[name].latencies_ms for name in names},
         results=results,
         max_schedule_lag_ms=lag_ms,
         missing=missing,
     )
 
 
-async def _drain(measure_end: float, mix: LatencyMix) -> None:
+async def _drain(measure_end: float, longest_delay: float) -> None:
     """Wait until every attempt the server may still be delaying has reached its handler.
 
     Every attempt was sent before its publish resolved, so none is delayed past the end of the measured
-    period plus the mix's longest delay. A losing attempt whose cancellation the server missed is stored
-    by then, and counted as a duplicate.
+    period plus the longest injected delay (the mix's, or a stall window). A losing attempt whose
+    cancellation the server missed is stored by then, and counted as a duplicate.
     """
     loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, measure_end + _longest_delay(mix) + 0.25 - loop.time()))
+    await asyncio.sleep(max(0.0, measure_end + longest_delay + 0.25 - loop.time()))
 
 
 def _longest_delay(mix: LatencyMix) -> float:
@@ -330,7 +477,10 @@ def _longest_delay(mix: LatencyMix) -> float:
 
 
 def _config_entry(config: BenchConfig, warmup_done: int, retry: RetrySettings) -> dict[str, Any]:
-    entry = asdict(config)  # the option names: messages and rate are per publisher, hedge_delay in s
+    entry = asdict(config)  # the option names: messages and rate are per publisher, hedge_delays in s
+    entry["hedge_delays"] = list(config.hedge_delays)
+    if "auto" in config.hedge_delays:
+        entry["adaptive_delay"] = asdict(AdaptiveDelay())  # as the "adaptive" publisher uses it
     entry["warmup_publishes"] = warmup_done
     entry["batch_max_messages"] = 1
     entry["retry"] = {

@@ -1,5 +1,8 @@
 """The bench's results: latency percentiles per publisher, the JSON document, and the table.
 
+The publishers are the unhedged one (always first: the others are compared with it) and any number of
+hedged ones, each a column of the table and an entry of ``results.json``.
+
 Latencies are recorded in an HdrHistogram in microseconds (3 significant digits, so a percentile is
 within 0.1% of the exact value) and reported in milliseconds.
 """
@@ -38,10 +41,13 @@ RESULT_KEYS: tuple[str, ...] = (
     "hedges_sent",
     "hedges_won",
     "duplicates",
+    "hedge_delay_ms",
+    "duplicates_after_dedup",
+    "hedges_by_endpoint",
 )
 
-#: Names of the two publishers, in the order they are shown.
-PUBLISHERS: tuple[str, ...] = ("unhedged", "hedged")
+#: The name of the publisher every other is compared with.
+UNHEDGED = "unhedged"
 
 _LOWEST_US = 1
 _HIGHEST_US = 3_600 * 1_000_000  # one hour: far above any publish the bench waits for
@@ -93,6 +99,14 @@ class PublisherResult:
     hedges_sent: int
     hedges_won: int
     duplicates: int
+    #: The hedge delay at the end of the measured period (the adaptive one moves); ``None`` unhedged.
+    hedge_delay_ms: float | None = None
+    #: Copies left once the stored messages go through :class:`~hedgepub.Deduplicator` (0 when the
+    #: publisher stamped idempotency keys; as many as ``duplicates`` when it did not).
+    duplicates_after_dedup: int = 0
+    #: Hedges sent to each endpoint during the measured period: ``primary``, and ``second`` (the
+    #: correlated-stalls scenario's other server).
+    hedges_by_endpoint: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_measurements(
@@ -104,6 +118,9 @@ class PublisherResult:
         hedges_sent: int,
         hedges_won: int,
         duplicates: int,
+        hedge_delay_ms: float | None = None,
+        duplicates_after_dedup: int | None = None,
+        hedges_by_endpoint: Mapping[str, int] | None = None,
     ) -> PublisherResult:
         """Summarise the recorded latencies and the publisher's counters."""
         publishes = recorder.count + failed
@@ -119,6 +136,9 @@ class PublisherResult:
             hedges_sent=hedges_sent,
             hedges_won=hedges_won,
             duplicates=duplicates,
+            hedge_delay_ms=hedge_delay_ms,
+            duplicates_after_dedup=duplicates if duplicates_after_dedup is None else duplicates_after_dedup,
+            hedges_by_endpoint=dict(hedges_by_endpoint) if hedges_by_endpoint is not None else {},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,8 +150,10 @@ class PublisherResult:
         return entry
 
 
-def _json_number(value: float | int) -> float | int | None:
-    if isinstance(value, int):
+def _json_number(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _json_number(item) for key, item in value.items()}
+    if value is None or isinstance(value, int):
         return value
     if math.isnan(value):
         return None  # JSON has no NaN; null says "nothing measured"
@@ -139,13 +161,16 @@ def _json_number(value: float | int) -> float | int | None:
 
 
 def results_document(config: Mapping[str, Any], results: Mapping[str, PublisherResult]) -> dict[str, Any]:
-    """The ``results.json`` document: ``{"config": {...}, "results": {"unhedged": {...}, "hedged": ...}}``."""
-    missing = [name for name in PUBLISHERS if name not in results]
-    if missing:
-        raise ValueError(f"results lack publishers {missing}; need {list(PUBLISHERS)}")
+    """The ``results.json`` document: ``{"config": {...}, "results": {"unhedged": {...}, NAME: ...}}``.
+
+    ``results`` must hold the unhedged publisher and at least one other; the unhedged one comes first.
+    """
+    if UNHEDGED not in results or len(results) < 2:
+        raise ValueError(f"results need {UNHEDGED!r} and at least one hedged publisher; got {list(results)}")
+    order = [UNHEDGED, *(name for name in results if name != UNHEDGED)]
     return {
         "config": dict(config),
-        "results": {name: results[name].to_dict() for name in PUBLISHERS},
+        "results": {name: results[name].to_dict() for name in order},
     }
 
 
@@ -168,37 +193,46 @@ def ratio(hedged: float | int | None, unhedged: float | int | None) -> float | N
     return hedged / unhedged
 
 
-def _rows(document: Mapping[str, Any]) -> Iterable[tuple[str, str, str, str]]:
-    """(label, unhedged, hedged, ratio) rows of the report, formatted."""
-    unhedged = document["results"]["unhedged"]
-    hedged = document["results"]["hedged"]
+def _rows(document: Mapping[str, Any]) -> Iterable[list[str]]:
+    """The report's rows, formatted: a label, then one cell per publisher (unhedged first).
+
+    Latency cells of hedged publishers carry their ratio to the unhedged one, e.g. ``212 (0.05x)``.
+    """
+    results = document["results"]
+    names = list(results)
+    unhedged = results[UNHEDGED]
     for key, _, label in (*PERCENTILES, ("max", 100.0, "max")):
         name = f"{key}_ms"
-        share = ratio(hedged[name], unhedged[name])
-        yield (
-            f"{label} latency (ms)",
-            _format_ms(unhedged[name]),
-            _format_ms(hedged[name]),
-            "" if share is None else f"{share:.2f}x",
-        )
-    yield (
-        "attempts per publish",
-        _format_float(unhedged["attempts_per_publish"]),
-        _format_float(hedged["attempts_per_publish"]),
-        "",
-    )
+        row = [f"{label} latency (ms)"]
+        for publisher in names:
+            value = results[publisher][name]
+            share = None if publisher == UNHEDGED else ratio(value, unhedged[name])
+            row.append(format_ms(value) + ("" if share is None else f" ({share:.2f}x)"))
+        yield row
+    yield ["attempts per publish", *(_format_float(results[n]["attempts_per_publish"]) for n in names)]
+    yield ["hedge delay (ms)", *(format_ms(results[n].get("hedge_delay_ms")) for n in names)]
     for key, label in (
         ("hedges_sent", "hedges sent"),
         ("hedges_won", "hedges won"),
         ("published", "published"),
         ("failed", "failed"),
         ("duplicates", "duplicates on server"),
+        ("duplicates_after_dedup", "duplicates after dedup"),
     ):
-        yield label, str(unhedged[key]), str(hedged[key]), ""
+        yield [label, *(str(results[n].get(key, "-")) for n in names)]
+    endpoints = list(dict.fromkeys(e for n in names for e in results[n].get("hedges_by_endpoint") or {}))
+    if endpoints != ["primary"] and endpoints:
+        # Only worth a row each when hedges went somewhere other than the primary.
+        for endpoint in endpoints:
+            yield [
+                f"hedges to {endpoint}",
+                *(str((results[n].get("hedges_by_endpoint") or {}).get(endpoint, 0)) for n in names),
+            ]
 
 
-def _format_ms(value: float | None) -> str:
-    if value is None:
+def format_ms(value: float | None) -> str:
+    """A latency in ms as the table, ``results.json`` readers and the plot show it: "4,006", "10.5", "-"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
@@ -207,15 +241,16 @@ def _format_float(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def build_table(
-    document: Mapping[str, Any], title: str | None = "Publish latency, unhedged vs hedged"
-) -> Table:
-    """A rich table of the results: one row per measure, one column per publisher, and the ratio."""
+#: The table's title; latency cells of hedged publishers show their ratio to the unhedged one.
+TITLE = "Publish latency by publisher (in brackets: hedged / unhedged)"
+
+
+def build_table(document: Mapping[str, Any], title: str | None = TITLE) -> Table:
+    """A rich table of the results: one row per measure, one column per publisher."""
     table = Table(title=title, title_justify="left")
     table.add_column("measure")
-    table.add_column("unhedged", justify="right")
-    table.add_column("hedged", justify="right")
-    table.add_column("hedged / unhedged", justify="right")
+    for name in document["results"]:
+        table.add_column(name, justify="right")
     for row in _rows(document):
         table.add_row(*row)
     return table
@@ -223,7 +258,8 @@ def build_table(
 
 def render_markdown(document: Mapping[str, Any]) -> str:
     """The same table as :func:`build_table`, in Markdown (for the README)."""
-    lines = ["| measure | unhedged | hedged | hedged / unhedged |", "|---|---:|---:|---:|"]
+    names = list(document["results"])
+    lines = [f"| measure | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
     lines += [f"| {' | '.join(row)} |" for row in _rows(document)]
     return "\n".join(lines)
 

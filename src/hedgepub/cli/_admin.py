@@ -1,9 +1,13 @@
 """The Pub/Sub toolbox: ``topics``, ``subscriptions``, ``publish`` and ``pull`` against an emulator.
 
-Every command talks to the server named by ``--endpoint`` or, without it, ``PUBSUB_EMULATOR_HOST``
-(``host:port``, plain text), in the project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then
-``GOOGLE_CLOUD_PROJECT``, then ``local-project``). Topics and subscriptions are given as short IDs or as
-full paths (``projects/P/topics/T``).
+Every command talks to the server named by ``--endpoint`` (the publisher's forms and rules, from the one
+parser :func:`hedgepub._transport.parse_endpoint`: ``host:port``, ``http://host:port``,
+``https://host[:port]``) or, without it, ``PUBSUB_EMULATOR_HOST`` (``host:port``, plain text), in the
+project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then ``GOOGLE_CLOUD_PROJECT``, then
+``local-project``). Topics and subscriptions are given as short IDs or as full paths
+(``projects/P/topics/T``). An access token (``--access-token``, ``HEDGEPUB_ACCESS_TOKEN``, or the file
+forms ``--access-token-file`` / ``HEDGEPUB_ACCESS_TOKEN_FILE``, which keep it out of shell history) is sent
+with every request, for a server with IAM enforcement.
 
 Exit codes:
 
@@ -21,13 +25,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from hedgepub import PublishError, RetrySettings, StatusCode
+from hedgepub._transport import resolve_endpoint
 from hedgepub.bench import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 
 EXIT_OK = 0
@@ -52,15 +61,34 @@ EXIT_CODES_HELP = (
 _Command = TypeVar("_Command", bound=Callable[..., Any])
 
 
-class _Target:
-    """Where a command sends its requests: endpoint, project and per-call timeout."""
+#: Environment variables of the access token and of a file holding it.
+TOKEN_VARIABLE = "HEDGEPUB_ACCESS_TOKEN"
+TOKEN_FILE_VARIABLE = "HEDGEPUB_ACCESS_TOKEN_FILE"
 
-    def __init__(self, endpoint: str | None, project: str, timeout: float) -> None:
-        if not endpoint:
+
+class _Target:
+    """Where a command sends its requests: endpoint, project, per-call timeout and access token."""
+
+    def __init__(
+        self,
+        endpoint: str | None,
+        project: str,
+        timeout: float,
+        access_token: str | None = None,
+        access_token_file: Path | None = None,
+    ) -> None:
+        if not endpoint and not os.environ.get(EMULATOR_HOST_VARIABLE):
             raise click.UsageError(
                 f"no Pub/Sub server given: pass --endpoint HOST:PORT or set {EMULATOR_HOST_VARIABLE}"
             )
-        self.endpoint = endpoint
+        self.token = _access_token(access_token, access_token_file)
+        try:
+            self.channel = resolve_endpoint(endpoint, credentials=self.token)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="'--endpoint'") from None
+        #: the endpoint given with --endpoint (None: PUBSUB_EMULATOR_HOST), and what messages call it
+        self.explicit_endpoint = endpoint or None
+        self.endpoint = endpoint or self.channel.target
         self.project = project
         self.timeout = timeout
 
@@ -73,19 +101,47 @@ class _Target:
 
     def admin(self) -> AdminClient:
         """An admin client for this target (close it, or use it in a ``with``)."""
-        return AdminClient(self.endpoint, timeout=self.timeout)
+        return AdminClient(self.explicit_endpoint, timeout=self.timeout, access_token=self.token)
+
+    def unreachable_hint(self) -> str:
+        """Why a bare HOST:PORT with a token may not reach a plain-text server."""
+        bare = "://" not in self.endpoint and self.channel.secure and self.token is not None
+        return (
+            " (with a token, a bare HOST:PORT means TLS; write http://HOST:PORT for a plain-text server)"
+            if bare
+            else ""
+        )
+
+
+def _access_token(token: str | None, token_file: Path | None) -> str | None:
+    """The token given directly or read from a file (surrounding white space dropped); None if neither."""
+    if token is not None and token_file is not None:
+        raise click.UsageError("give --access-token or --access-token-file (or their variables), not both")
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+            message = f"cannot read {token_file}: {reason}"
+            raise click.BadParameter(message, param_hint="'--access-token-file'") from None
+    if token is None:
+        return None
+    token = token.strip()
+    if not token or any(character.isspace() for character in token):
+        where = "--access-token-file" if token_file is not None else "--access-token"
+        raise click.BadParameter("an access token is one word, without spaces", param_hint=f"'{where}'")
+    return token
 
 
 def _connection_options(command: _Command) -> _Command:
-    """Add --endpoint, --project and --timeout to ``command``, passed on as one ``target``."""
+    """Add --endpoint, --project, --timeout and the token options to ``command``, as one ``target``."""
 
     options = [
         click.option(
             "--endpoint",
-            envvar=EMULATOR_HOST_VARIABLE,
-            show_envvar=True,
-            metavar="HOST:PORT",
-            help="The Pub/Sub emulator to talk to (plain text).",
+            metavar="ENDPOINT",
+            help=f"The Pub/Sub server: HOST:PORT, http://HOST:PORT (plain text) or https://HOST[:PORT] "
+            f"(TLS). [default: {EMULATOR_HOST_VARIABLE}, plain text]",
         ),
         click.option(
             "--project",
@@ -100,10 +156,39 @@ def _connection_options(command: _Command) -> _Command:
             show_default=True,
             help="Seconds each request may take.",
         ),
+        click.option(
+            "--access-token",
+            envvar=TOKEN_VARIABLE,
+            show_envvar=True,
+            metavar="TOKEN",
+            help="OAuth access token sent with every request (a server with --iam enforce needs one).",
+        ),
+        click.option(
+            "--access-token-file",
+            envvar=TOKEN_FILE_VARIABLE,
+            show_envvar=True,
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Read the access token from this file (keeps it out of shell history).",
+        ),
     ]
+
+    @functools.wraps(command)
+    def with_target(
+        *args: Any,
+        endpoint: str | None,
+        project: str,
+        timeout: float,
+        access_token: str | None,
+        access_token_file: Path | None,
+        **kwargs: Any,
+    ) -> Any:
+        target = _Target(endpoint, project, timeout, access_token, access_token_file)
+        return command(*args, target=target, **kwargs)
+
+    wrapped: Any = with_target
     for option in reversed(options):
-        command = option(command)
-    return command
+        wrapped = option(wrapped)
+    return wrapped  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager
@@ -114,7 +199,9 @@ def _errors_to_exit_codes(target: _Target, what: str = "") -> Iterator[None]:
     except PublishError as error:
         code = error.code
         if code is StatusCode.UNAVAILABLE:
-            message = f"cannot reach a Pub/Sub server at {target.endpoint} ({error})"
+            message = (
+                f"cannot reach a Pub/Sub server at {target.endpoint} ({error}){target.unreachable_hint()}"
+            )
         elif code is StatusCode.NOT_FOUND:
             message = f"{what or 'resource'} not found: {error}"
         elif code is StatusCode.ALREADY_EXISTS:
@@ -134,9 +221,8 @@ def topics() -> None:
 @topics.command("create", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
 @_connection_options
-def topics_create(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+def topics_create(names: tuple[str, ...], target: _Target) -> None:
     """Create each TOPIC (short ID or full path) and print its path."""
-    target = _Target(endpoint, project, timeout)
     with target.admin() as admin:
         for name in names:
             path = target.path("topics", name)
@@ -146,20 +232,19 @@ def topics_create(names: tuple[str, ...], endpoint: str | None, project: str, ti
 
 @topics.command("list", epilog=EXIT_CODES_HELP)
 @_connection_options
-def topics_list(endpoint: str | None, project: str, timeout: float) -> None:
+def topics_list(target: _Target) -> None:
     """Print the path of every topic of the project, one a line."""
-    target = _Target(endpoint, project, timeout)
-    with target.admin() as admin, _errors_to_exit_codes(target, f"project {project}"):
-        for topic in admin.list_topics(project):
+    with target.admin() as admin, _errors_to_exit_codes(target, f"project {target.project}"):
+        for topic in admin.list_topics(target.project):
             click.echo(topic.name)
 
 
 @topics.command("delete", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
 @_connection_options
-def topics_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+def topics_delete(names: tuple[str, ...], target: _Target) -> None:
     """Delete each TOPIC (short ID or full path)."""
-    _delete_each(_Target(endpoint, project, timeout), "topics", names)
+    _delete_each(target, "topics", names)
 
 
 # --------------------------------------------------------------------------------------------- subscriptions
@@ -179,11 +264,8 @@ def subscriptions() -> None:
     help="Seconds a pulled message stays leased before it is delivered again.",
 )
 @_connection_options
-def subscriptions_create(
-    name: str, topic: str, ack_deadline: int, endpoint: str | None, project: str, timeout: float
-) -> None:
+def subscriptions_create(name: str, topic: str, ack_deadline: int, target: _Target) -> None:
     """Create SUBSCRIPTION on --topic and print its path."""
-    target = _Target(endpoint, project, timeout)
     path = target.path("subscriptions", name)
     topic_path = target.path("topics", topic)
     with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path} or topic {topic_path}"):
@@ -193,20 +275,19 @@ def subscriptions_create(
 
 @subscriptions.command("list", epilog=EXIT_CODES_HELP)
 @_connection_options
-def subscriptions_list(endpoint: str | None, project: str, timeout: float) -> None:
+def subscriptions_list(target: _Target) -> None:
     """Print every subscription of the project and its topic, one a line."""
-    target = _Target(endpoint, project, timeout)
-    with target.admin() as admin, _errors_to_exit_codes(target, f"project {project}"):
-        for subscription in admin.list_subscriptions(project):
+    with target.admin() as admin, _errors_to_exit_codes(target, f"project {target.project}"):
+        for subscription in admin.list_subscriptions(target.project):
             click.echo(f"{subscription.name}\t{subscription.topic}")
 
 
 @subscriptions.command("delete", epilog=EXIT_CODES_HELP)
 @click.argument("names", nargs=-1, required=True, metavar="SUBSCRIPTION...")
 @_connection_options
-def subscriptions_delete(names: tuple[str, ...], endpoint: str | None, project: str, timeout: float) -> None:
+def subscriptions_delete(names: tuple[str, ...], target: _Target) -> None:
     """Delete each SUBSCRIPTION (short ID or full path)."""
-    _delete_each(_Target(endpoint, project, timeout), "subscriptions", names)
+    _delete_each(target, "subscriptions", names)
 
 
 def _delete_each(target: _Target, collection: str, names: tuple[str, ...]) -> None:
@@ -251,9 +332,7 @@ def publish(
     data: str,
     attributes: dict[str, str],
     count: int,
-    endpoint: str | None,
-    project: str,
-    timeout: float,
+    target: _Target,
 ) -> None:
     """Publish DATA (text, sent as UTF-8) to TOPIC and print each message ID.
 
@@ -262,15 +341,25 @@ def publish(
     """
     from hedgepub import PublisherClient  # the publisher is only needed here
 
-    target = _Target(endpoint, project, timeout)
     path = target.path("topics", topic)
-    # GetTopic first: an absent server or topic is then reported at once instead of after retries
+    # GetTopic first: an absent server or topic is then reported at once instead of after retries. A
+    # caller who may publish but not view the topic (roles/pubsub.publisher alone) goes on to publish.
     with target.admin() as admin, _errors_to_exit_codes(target, f"topic {path}"):
-        admin.get_topic(path)
-    retry = RetrySettings(initial_rpc_timeout=min(5.0, timeout), total_timeout=timeout)
+        try:
+            admin.get_topic(path)
+        except PublishError as error:
+            if error.code is not StatusCode.PERMISSION_DENIED:
+                raise
+    retry = RetrySettings(initial_rpc_timeout=min(5.0, target.timeout), total_timeout=target.timeout)
     payload = data.encode("utf-8")
     failures = 0
-    with PublisherClient(retry_settings=retry, endpoint=target.endpoint) as client:
+    credentials = None
+    if target.token is not None:
+        import google.oauth2.credentials
+
+        credentials = google.oauth2.credentials.Credentials(target.token)
+    endpoint = target.explicit_endpoint
+    with PublisherClient(retry_settings=retry, endpoint=endpoint, credentials=credentials) as client:
         futures = [client.publish(path, payload, **attributes) for _ in range(count)]
         for future in futures:
             try:
@@ -332,29 +421,59 @@ def pull(
     ack: bool,
     wait: float,
     as_json: bool,
-    endpoint: str | None,
-    project: str,
-    timeout: float,
+    target: _Target,
 ) -> None:
     """Pull up to --max messages from SUBSCRIPTION and print them: ID, data and attributes, one a line.
 
-    Without --ack the messages are delivered again once their ack deadline passes.
+    Without --ack the messages are delivered again once their ack deadline passes. Each message is printed
+    as soon as it arrives; if pulling or printing fails (or Ctrl-C), the messages not yet printed are
+    handed back at once (ModifyAckDeadline 0) and, with --ack, those printed are acknowledged.
     """
-    target = _Target(endpoint, project, timeout)
     path = target.path("subscriptions", subscription)
-    received: list[Any] = []
+    delivered: list[Any] = []
     with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path}"):
         admin.get_subscription(path)
-        batch = admin.pull(path, max_messages, wait=wait)
-        # a Pull may answer with only part of what is there; ask again while it keeps answering
-        while batch:
-            received.extend(batch)
-            if len(received) >= max_messages:
-                break
-            batch = admin.pull(path, max_messages - len(received), wait=min(wait, 0.2))
-        for message in received:
-            click.echo(_describe(message, as_json))
-        if ack and received:
-            admin.acknowledge(path, [message.ack_id for message in received])
-    if not received:
+        undelivered: list[Any] = []
+        try:
+            batch = admin.pull(path, max_messages, wait=wait)
+            # a Pull may answer with only part of what is there; ask again while it keeps answering
+            while batch:
+                undelivered = list(batch)
+                while undelivered:
+                    click.echo(_describe(undelivered[0], as_json))
+                    delivered.append(undelivered.pop(0))
+                if len(delivered) >= max_messages:
+                    break
+                batch = admin.pull(path, max_messages - len(delivered), wait=min(wait, 0.2))
+        except BaseException as error:
+            _settle_after_failure(admin, path, undelivered, delivered if ack else [])
+            if isinstance(error, BrokenPipeError):
+                _quiet_broken_stdout()
+                click.echo(
+                    f"error: the output closed after {len(delivered)} messages; "
+                    f"{len(undelivered)} not printed were handed back for redelivery",
+                    err=True,
+                )
+                raise click.exceptions.Exit(EXIT_FAILED) from None
+            raise
+        if ack and delivered:
+            admin.acknowledge(path, [message.ack_id for message in delivered])
+    if not delivered:
         click.echo("no messages", err=True)
+
+
+def _settle_after_failure(admin: AdminClient, path: str, undelivered: list[Any], to_ack: list[Any]) -> None:
+    """Hand back what the user never saw, acknowledge what they did (with --ack); best effort."""
+    with contextlib.suppress(PublishError):
+        if undelivered:
+            admin.modify_ack_deadline(path, [message.ack_id for message in undelivered], 0)
+    with contextlib.suppress(PublishError):
+        if to_ack:
+            admin.acknowledge(path, [message.ack_id for message in to_ack])
+
+
+def _quiet_broken_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's exit does not report the closed pipe once more."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -22,6 +22,8 @@ from rich.progress import (
 from hedgepub import HedgepubError
 from hedgepub.bench import (
     DEFAULT_MIX,
+    DEFAULT_STALL,
+    SCENARIOS,
     BenchConfig,
     plot_latency_cdf,
     print_report,
@@ -30,6 +32,10 @@ from hedgepub.bench import (
 )
 
 _DEFAULTS = BenchConfig()
+#: The hedge delay of the correlated-stalls scenario unless --hedge-delay gives one.
+_STALL_HEDGE_DELAY = 0.1
+#: Its measured publishes per publisher unless --messages gives them: 45 s at the default rate.
+_STALL_MESSAGES = 1_800
 
 
 class _ProgressBar:
@@ -80,6 +86,39 @@ class _ProgressBar:
             self._progress.advance(self._task, steps)
 
 
+def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float | str, ...]:
+    """``0.1,1,auto`` -> ``(0.1, 1.0, "auto")``; the ranges are checked by BenchConfig."""
+    delays: list[float | str] = []
+    for part in value.split(","):
+        part = part.strip()
+        if part == "auto":
+            delays.append("auto")
+            continue
+        try:
+            delays.append(float(part))
+        except ValueError:
+            raise click.BadParameter(
+                f"{part!r} is neither seconds (0.1 to 10) nor 'auto'; give e.g. 0.1,1,auto"
+            ) from None
+    return tuple(delays)
+
+
+def _delay_text(delays: tuple[float | str, ...]) -> str:
+    return ", ".join(
+        "adaptive (p95)" if delay == "auto" else f"{float(delay) * 1000:g} ms" for delay in delays
+    )
+
+
+def _check_stall(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from hedgepub.server import StallWindows
+
+    try:
+        StallWindows.parse(value)
+    except (TypeError, ValueError) as error:
+        raise click.BadParameter(str(error)) from None
+    return value
+
+
 def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hedgepub.server import LatencyMix
 
@@ -103,7 +142,7 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     type=click.FloatRange(min=0, min_open=True),
     default=_DEFAULTS.rate,
     show_default=True,
-    help="Publishes per second per publisher (both publish at every arrival).",
+    help="Publishes per second per publisher (all publish at every arrival).",
 )
 @click.option(
     "--mix",
@@ -114,17 +153,19 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
 )
 @click.option(
     "--hedge-delay",
-    type=float,
-    default=_DEFAULTS.hedge_delay,
+    "hedge_delays",
+    default=",".join("auto" if d == "auto" else f"{d:g}" for d in _DEFAULTS.hedge_delays),
     show_default=True,
-    help="Seconds before the hedged publisher sends a hedge (0.1 to 10).",
+    callback=_parse_hedge_delays,
+    help="One hedged publisher per comma-separated entry: seconds before a hedge (0.1 to 10), or "
+    "'auto' for the adaptive delay (p95 of recent latency).",
 )
 @click.option(
     "--max-tokens",
     type=int,
     default=_DEFAULTS.max_tokens,
     show_default=True,
-    help="Token bucket size of the hedged publisher (1 to 250).",
+    help="Token bucket size of each hedged publisher (1 to 250).",
 )
 @click.option(
     "--refill-ratio",
@@ -150,6 +191,36 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     help="Gaps between publishes: exponential (poisson) or equal (fixed).",
 )
 @click.option(
+    "--scenario",
+    type=click.Choice(list(SCENARIOS)),
+    default=_DEFAULTS.scenario,
+    show_default=True,
+    help="latency-mix: the MIX on one server. correlated-stalls: two servers, the primary with stall "
+    "windows (--stall), and three publishers: unhedged, hedged (on the primary) and cross_endpoint "
+    "(hedges to the second server); one fixed --hedge-delay (default 0.1), --messages 1800 by default, "
+    "MIX unused.",
+)
+@click.option(
+    "--stall",
+    default=DEFAULT_STALL,
+    show_default=True,
+    callback=_check_stall,
+    help="correlated-stalls: every publish arriving in a STALL-long window, one per PERIOD, waits until "
+    "it ends (STALL/PERIOD; the phase comes from --seed).",
+)
+@click.option(
+    "--idempotency-key/--no-idempotency-key",
+    default=_DEFAULTS.idempotency_key,
+    show_default=True,
+    help="Publishers stamp idempotency keys, so duplicates_after_dedup shows what hedgepub.dedup leaves.",
+)
+@click.option(
+    "--dedup-hedges",
+    is_flag=True,
+    help="The servers store each hedged batch once (as hedgepub serve --dedup-hedges; the real service "
+    "does not).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -161,40 +232,64 @@ def bench(
     messages: int,
     rate: float,
     mix: str,
-    hedge_delay: float,
+    hedge_delays: tuple[float | str, ...],
     max_tokens: int,
     refill_ratio: float,
     seed: int,
     warmup: int | None,
     arrivals: str,
+    scenario: str,
+    stall: str,
+    idempotency_key: bool,
+    dedup_hedges: bool,
     out_dir: Path,
 ) -> None:
     """Measure publish latency without and with hedging, side by side, on a local server.
 
     Starts a local Pub/Sub server in this process (127.0.0.1, in memory), injects the latency MIX on
-    Publish, and publishes one message per batch on an open-loop schedule through two publishers at
-    once: one unhedged, one hedged. Prints the latency percentiles of both, writes OUT/results.json and
-    plots their latency distributions to OUT/tail-latency.png. The defaults take about a minute.
+    Publish, and publishes one message per batch on an open-loop schedule through several publishers at
+    once: one unhedged, and one hedged per --hedge-delay entry (default: 100 ms and adaptive). Prints the
+    latency percentiles of all, writes OUT/results.json and plots their latency distributions to
+    OUT/tail-latency.png. The defaults take about a minute.
+
+    --scenario correlated-stalls runs two servers instead: the primary stalls every publish that arrives
+    in a window (--stall, 500 ms every 5 s), and hedges to the second server escape the window.
     """
+    context = click.get_current_context()
+    if scenario == "correlated-stalls":
+        # The scenario's own defaults: one fixed hedge delay, and nine stall periods (under a minute).
+        if context.get_parameter_source("hedge_delays") is click.core.ParameterSource.DEFAULT:
+            hedge_delays = (_STALL_HEDGE_DELAY,)
+        if context.get_parameter_source("messages") is click.core.ParameterSource.DEFAULT:
+            messages = _STALL_MESSAGES
     try:
         config = BenchConfig(
             messages=messages,
             rate=rate,
             mix=mix,
-            hedge_delay=hedge_delay,
+            hedge_delays=hedge_delays,  # type: ignore[arg-type]  # floats and "auto", as parsed
             max_tokens=max_tokens,
             refill_ratio=refill_ratio,
             seed=seed,
             warmup=warmup,
             arrivals=arrivals,  # type: ignore[arg-type]  # click.Choice checked it
+            scenario=scenario,  # type: ignore[arg-type]  # click.Choice checked it
+            stall=stall,
+            idempotency_key=idempotency_key,
+            dedup_hedges=dedup_hedges,
         )
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     console = Console()
+    injected = (
+        f"stalls on the primary's Publish {config.stall} (a second server takes cross-endpoint hedges)"
+        if config.scenario == "correlated-stalls"
+        else f"latency on Publish {config.mix}"
+    )
     console.print(
         f"[bold]hedgepub bench[/]: {config.messages:,} publishes per publisher at {config.rate:g}/s each "
-        f"(about {config.expected_seconds():.0f} s), latency on Publish {config.mix}, "
-        f"hedge delay {config.hedge_delay * 1000:g} ms, bucket {config.max_tokens} tokens "
+        f"(about {config.expected_seconds():.0f} s), {injected}, "
+        f"hedge delays {_delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )
     try:
@@ -205,15 +300,29 @@ def bench(
     print_report(run.document, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
-    subtitle = (
-        f"injected on Publish: {config.mix}; hedge delay {config.hedge_delay * 1000:g} ms; "
-        f"{config.messages:,} publishes each at {config.rate:g}/s"
+    if config.scenario == "correlated-stalls":
+        title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"
+        subtitle = (
+            f"primary stalls {config.stall}; hedge delay {_delay_text(config.hedge_delays)}; "
+            f"{config.messages:,} publishes each at {config.rate:g}/s"
+        )
+    else:
+        title = "Publish latency: unhedged vs hedged"
+        subtitle = (
+            f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
+            f"{config.messages:,} publishes each at {config.rate:g}/s"
+        )
+    plot_path = plot_latency_cdf(
+        run.latencies_ms,
+        out_dir / "tail-latency.png",
+        results=run.document["results"],
+        title=title,
+        subtitle=subtitle,
     )
-    plot_path = plot_latency_cdf(run.latencies_ms, out_dir / "tail-latency.png", subtitle=subtitle)
     if run.max_schedule_lag_ms > 50:
         console.print(
             f"[yellow]note[/]: publishes started up to {run.max_schedule_lag_ms:,.0f} ms late "
-            "(the machine was busy); both publishers were equally affected"
+            "(the machine was busy); every publisher was equally affected"
         )
     for name, count in run.missing.items():
         if count:

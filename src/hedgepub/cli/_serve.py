@@ -16,15 +16,18 @@ import click
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, FaultInjector, IamConfig
+    from hedgepub.server._hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
 #: directory, so each project gets its own, and a .gitignore entry keeps it out of version control).
 DEFAULT_DATA_DIR = ".hedgepub-data"
 
 _FAULT_HELP = (
-    "A fault rule, repeatable: METHOD:latency=P%:DURATION[,...] and/or METHOD:error=CODE:P%[,...], "
-    "joined by ';'. METHOD is a short name (Publish, StreamingPull, GetIamPolicy, ...), a full path or '*'. "
-    "Example: 'Publish:latency=95%:5ms,4%:300ms,1%:4s;error=UNAVAILABLE:2%'."
+    "A fault rule, repeatable: METHOD:latency=P%:DURATION[,...], METHOD:error=CODE:P%[,...] and/or "
+    "METHOD:stall=STALL/PERIOD[@PHASE] (every call arriving in a STALL-long window, one per PERIOD, waits "
+    "until it ends; the phase comes from --seed unless given), joined by ';'. METHOD is a short name "
+    "(Publish, StreamingPull, GetIamPolicy, ...), a full path or '*'. "
+    "Example: 'Publish:latency=95%:5ms,4%:300ms,1%:4s;error=UNAVAILABLE:2%' or 'Publish:stall=500ms/5s'."
 )
 
 
@@ -45,9 +48,12 @@ _FAULT_HELP = (
     "--faults-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help='Fault rules as JSON: {"Publish": {"latency": "95%:5ms,5%:300ms", "errors": {"UNAVAILABLE": 0.2}}}.',
+    help='Fault rules as JSON: {"Publish": {"latency": "95%:5ms,5%:300ms", "errors": {"UNAVAILABLE": 0.2}, '
+    '"stall": "500ms/5s"}}.',
 )
-@click.option("--seed", type=int, default=None, help="Seed of the fault draws, for repeatable runs.")
+@click.option(
+    "--seed", type=int, default=None, help="Seed of the fault draws and stall phases, for repeatable runs."
+)
 @click.option(
     "--iam",
     "iam_mode",
@@ -70,10 +76,30 @@ _FAULT_HELP = (
     '"members": [...]}]}.',
 )
 @click.option(
+    "--dedup-hedges",
+    is_flag=True,
+    help="Store the attempts of one hedged batch (same hedgepub-batch-id metadata) once: a later attempt "
+    "of a committed batch gets the first one's message IDs. Off by default; Google Cloud Pub/Sub does "
+    "not do this.",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve TLS with this PEM certificate chain (with --tls-key); clients connect to https://HOST:PORT.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The PEM private key of --tls-cert.",
+)
+@click.option(
     "--rest/--no-rest",
     default=True,
     show_default=True,
-    help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does.",
+    help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does "
+    "(not with --tls-cert: TLS serves gRPC only).",
 )
 def serve(
     host: str,
@@ -86,6 +112,9 @@ def serve(
     iam_mode: str,
     iam_tokens: Path | None,
     iam_policy: Path | None,
+    dedup_hedges: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     rest: bool,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
@@ -98,7 +127,7 @@ def serve(
         raise click.UsageError("--data-dir and --in-memory exclude each other: choose one.")
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
-    from hedgepub.server import FaultInjector
+    from hedgepub.server import DataDirError, FaultInjector
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
@@ -107,10 +136,14 @@ def serve(
         raise click.BadParameter(str(error), param_hint=f"'{option}'") from None
 
     iam = _iam_config(iam_mode, iam_tokens, iam_policy)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError(
+            "--tls-cert and --tls-key go together: give both (or neither, for plain text)."
+        )
 
     if not in_memory:
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # created, locked and checked by the server itself, which reports a problem in one line
     storage = "in memory (lost on exit)" if in_memory else f"SQLite in {data_dir}"
 
     announced = False
@@ -126,25 +159,62 @@ def serve(
             click.echo(f"fault injection on {name}: {rule}", err=True)
         if iam is not None:
             click.echo(f"IAM enforcement on: {iam!r}", err=True)
+        if dedup_hedges:
+            click.echo("dedup-hedges on: a hedged batch is stored once (the real service does not)", err=True)
         elapsed = time.perf_counter() - started
-        click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
-        click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+        if server.tls:
+            # PUBSUB_EMULATOR_HOST means plain text to every client, so it cannot point at a TLS port.
+            click.echo(
+                f"ready in {elapsed:.2f} s; Ctrl-C to stop. TLS with {tls_cert}; connect with:", err=True
+            )
+            click.echo(f"endpoint=https://{server.address}")
+        else:
+            click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
+            click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
         sys.stdout.flush()
 
+    dedup_counts: list[HedgeDedupCounts] = []
     try:
-        asyncio.run(_run(host, port, None if in_memory else data_dir, injector, announce, iam, rest))
+        asyncio.run(
+            _run(
+                host,
+                port,
+                None if in_memory else data_dir,
+                injector,
+                announce,
+                iam,
+                tls_cert,
+                tls_key,
+                dedup_hedges=dedup_hedges,
+                report=dedup_counts.append,
+                rest=rest,
+            )
+        )
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
-    except OSError as error:  # the server never started (address taken, data directory unusable, ...)
+    except DataDirError as error:  # in use by another server, cannot be written, damaged database
+        raise click.ClickException(str(error)) from None
+    except OSError as error:  # the server never started (address taken, ...)
         if announced:
             raise
         raise click.ClickException(f"cannot start the server on {host}:{port}: {error}") from None
+    except ValueError as error:  # a --tls-cert or --tls-key file that holds no PEM
+        if announced:
+            raise
+        raise click.BadParameter(str(error), param_hint="'--tls-cert' / '--tls-key'") from None
     counts = injector.counts
     if counts.calls:
         click.echo(
             f"fault injection: {counts.calls} calls met a rule, "
-            f"{counts.delayed} delayed, {counts.failed} failed",
+            f"{counts.delayed} delayed, {counts.failed} failed"
+            + (f", {counts.stalled} stalled" if counts.stalled else ""),
+            err=True,
+        )
+    for dedup in dedup_counts:
+        click.echo(
+            f"dedup-hedges: {dedup.stored} batches stored, {dedup.answered_from_window} repeated attempts "
+            "answered with their batch's first message IDs",
             err=True,
         )
 
@@ -156,6 +226,11 @@ async def _run(
     injector: FaultInjector,
     announce: Callable[[AsyncLocalServer], None],
     iam: IamConfig | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    *,
+    dedup_hedges: bool = False,
+    report: Callable[[HedgeDedupCounts], object] | None = None,
     rest: bool = True,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
@@ -163,6 +238,11 @@ async def _run(
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    servers: list[AsyncLocalServer] = []
+
+    def started(server: AsyncLocalServer) -> None:
+        servers.append(server)  # kept to read its dedup counts once it stops
+        announce(server)
 
     def request_stop(signum: signal.Signals) -> None:
         if stop.is_set():
@@ -180,11 +260,17 @@ async def _run(
         in_memory=data_dir is None,
         faults=injector,
         iam=iam,
-        on_started=announce,
+        on_started=started,
         stop=stop,
         grace=1.0,
+        dedup_hedges=dedup_hedges,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
         rest=rest,
     )
+    for server in servers:
+        if server.hedge_dedup is not None and report is not None:
+            report(server.hedge_dedup.counts)
 
 
 def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:

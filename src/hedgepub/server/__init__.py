@@ -19,12 +19,14 @@ On an event loop you already run (the ``hedgepub serve`` command does this)::
 IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, policy))`` (or
 ``IamConfig.from_files(tokens_file, policy_file)``); callers then send ``authorization: Bearer <token>``.
 
-Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (topics, subscriptions, delivery) ->
+Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator; checks in
+:mod:`._resources`, each subscription's state machine in :mod:`._delivery`) ->
 :mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor.
 """
 
 from hedgepub.server._core import PubSubCore
-from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix
+from hedgepub.server._datadir import DataDirError
+from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix, StallWindows
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
@@ -34,6 +36,7 @@ __all__ = [
     "AllowAll",
     "AsyncLocalServer",
     "Authorizer",
+    "DataDirError",
     "FaultInjector",
     "FaultRule",
     "IamConfig",
@@ -45,6 +48,7 @@ __all__ = [
     "PubSubCore",
     "ServiceError",
     "Snapshot",
+    "StallWindows",
     "Store",
     "StoredMessage",
     "serve",

@@ -9,6 +9,9 @@ while the server runs on its own event loop.
 
 What a rule does to a call, in order:
 
+0. if the rule has stall windows and the call arrives inside one, hold it until the window ends: every
+   call arriving in the same window waits, and all are let go together, as when one front end stalls
+   (a failover, a pause, an overloaded task). Slowness is then correlated in time, not drawn per call;
 1. draw a delay from the rule's :class:`LatencyMix` and wait for it *before* the service handler runs,
    so an injected delay on ``Publish`` comes before the commit. A call that its client cancels (or
    whose deadline passes) during the delay never reaches the handler, and so stores nothing;
@@ -23,6 +26,12 @@ Text syntax (the ``hedgepub serve --fault`` option; :meth:`FaultInjector.parse`)
     METHOD:latency=MIX                    MIX = P%:DURATION[,P%:DURATION...] or a single DURATION
     METHOD:error=CODE:P%[,CODE:P%...]     CODE = a status code name, such as UNAVAILABLE
     METHOD:latency=MIX;error=CODE:P%      both at once
+    METHOD:stall=STALL/PERIOD[@PHASE]     a STALL-long window every PERIOD (such as 500ms/5s)
+
+A stall window opens ``PHASE`` into each period, counted from when the injector was made (or last
+re-seeded with :meth:`FaultInjector.seed`). Without ``@PHASE`` the phase comes from the injector's seed:
+the same seed gives the same windows, and every stall rule of one injector with the same period stalls
+at the same moments, as one stalled front end would.
 
 Durations take the units ``us``, ``ms`` or ``s`` (``250us``, ``5ms``, ``1.5s``). Percentages of a
 latency mix may add up to less than 100: the remainder of the calls gets no added delay, so
@@ -31,7 +40,8 @@ latency mix may add up to less than 100: the remainder of the calls gets no adde
 
     {"Publish": {"latency": "95%:5ms,4%:300ms,1%:4s", "errors": {"UNAVAILABLE": 0.2}}}
 
-where an error rate is a fraction (``0.2``) or a percentage string (``"20%"``).
+where an error rate is a fraction (``0.2``) or a percentage string (``"20%"``), and stall windows are
+``{"stall": "500ms/5s"}``.
 """
 
 from __future__ import annotations
@@ -65,6 +75,7 @@ __all__ = [
     "LatencyBucket",
     "LatencyMix",
     "MethodFaultCounts",
+    "StallWindows",
     "resolve_method",
 ]
 
@@ -105,6 +116,18 @@ _SERVICES: Mapping[str, tuple[str, ...]] = {
         "Seek",
     ),
     "google.iam.v1.IAMPolicy": ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions"),
+    "google.pubsub.v1.SchemaService": (
+        "CreateSchema",
+        "GetSchema",
+        "ListSchemas",
+        "ListSchemaRevisions",
+        "CommitSchema",
+        "RollbackSchema",
+        "DeleteSchemaRevision",
+        "DeleteSchema",
+        "ValidateSchema",
+        "ValidateMessage",
+    ),
 }
 
 #: Short method name -> full gRPC path, for every method a rule can target.
@@ -317,6 +340,99 @@ class LatencyMix:
         return hash(self._buckets)
 
 
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be seconds as an int or float; got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"{name} must be finite seconds; got {value!r}")
+    return seconds
+
+
+class StallWindows:
+    """Correlated stalls: a window of ``stall`` seconds every ``period`` seconds.
+
+    Every call that arrives inside a window waits until the window ends, then goes on; calls between
+    windows are not touched. ``StallWindows(0.5, 5.0)`` stalls 10% of the time, half a second at a time;
+    ``StallWindows.parse("500ms/5s")`` is the same. ``phase`` (seconds, ``0 <= phase < period``) is when
+    in each period the window opens, counted from the injector's time origin; ``None`` leaves it to the
+    injector's seed. Immutable, comparable and hashable.
+    """
+
+    __slots__ = ("_period", "_phase", "_stall")
+
+    def __init__(self, stall: float, period: float, phase: float | None = None) -> None:
+        stall = _seconds("stall", stall)
+        period = _seconds("stall period", period)
+        if not 0 < stall < period:
+            raise ValueError(
+                "a stall window must last more than 0 s and less than its period; got "
+                f"{_format_duration(stall)} every {_format_duration(period)}"
+            )
+        if phase is not None:
+            phase = _seconds("stall phase", phase)
+            if not 0 <= phase < period:
+                raise ValueError(
+                    f"stall phase must be in [0, period) = [0, {_format_duration(period)}); got {phase!r}"
+                )
+        self._stall = stall
+        self._period = period
+        self._phase = phase
+
+    @classmethod
+    def parse(cls, spec: str) -> StallWindows:
+        """Parse ``"500ms/5s"`` (phase from the seed) or ``"500ms/5s@1.2s"`` (open 1.2 s into each period)."""
+        if not isinstance(spec, str):
+            raise TypeError(f"a stall spec must be a str; got {type(spec).__name__} {spec!r}")
+        windows, at, phase = spec.partition("@")
+        stall, slash, period = windows.partition("/")
+        if not slash or (at and not phase.strip()):
+            raise ValueError(
+                f"bad stall windows {spec.strip()!r}: expected STALL/PERIOD[@PHASE], such as '500ms/5s'"
+            )
+        try:
+            return cls(
+                _parse_duration(stall), _parse_duration(period), _parse_duration(phase) if at else None
+            )
+        except ValueError as error:
+            raise ValueError(f"bad stall windows {spec.strip()!r}: {error}") from None
+
+    @property
+    def stall(self) -> float:
+        """How long each window lasts, in seconds."""
+        return self._stall
+
+    @property
+    def period(self) -> float:
+        """Seconds from the opening of one window to the next."""
+        return self._period
+
+    @property
+    def phase(self) -> float | None:
+        """Seconds into each period at which the window opens; ``None``: drawn from the injector's seed."""
+        return self._phase
+
+    def wait(self, elapsed: float, phase: float) -> float:
+        """How long a call arriving ``elapsed`` seconds after the origin waits, with windows at ``phase``."""
+        into_period = (elapsed - phase) % self._period
+        return self._stall - into_period if into_period < self._stall else 0.0
+
+    def __str__(self) -> str:
+        text = f"{_format_duration(self._stall)}/{_format_duration(self._period)}"
+        return text if self._phase is None else f"{text}@{_format_duration(self._phase)}"
+
+    def __repr__(self) -> str:
+        return f"StallWindows.parse({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StallWindows):
+            return NotImplemented
+        return (self._stall, self._period, self._phase) == (other._stall, other._period, other._phase)
+
+    def __hash__(self) -> int:
+        return hash((self._stall, self._period, self._phase))
+
+
 def _status_code(value: object) -> StatusCode:
     """A StatusCode from a StatusCode, grpc.StatusCode, int or (case-insensitive) name."""
     if isinstance(value, StatusCode):
@@ -344,21 +460,30 @@ def _status_code(value: object) -> StatusCode:
 
 
 class FaultRule:
-    """What to do to the calls of one method: a latency mix and error rates by status code.
+    """What to do to the calls of one method: stall windows, a latency mix and error rates by status code.
 
     ``FaultRule(latency="95%:5ms,5%:300ms", errors={StatusCode.UNAVAILABLE: 0.2})``. The latency is a
     :class:`LatencyMix` or its text; error rates are probabilities in (0, 1] adding up to at most 1,
-    keyed by :class:`~hedgepub.StatusCode` (or ``grpc.StatusCode``, or a code's name). Immutable,
-    comparable and hashable; ``FaultRule.parse`` reads the ``--fault`` text form.
+    keyed by :class:`~hedgepub.StatusCode` (or ``grpc.StatusCode``, or a code's name); ``stall`` is a
+    :class:`StallWindows` or its text (``"500ms/5s"``). Immutable, comparable and hashable;
+    ``FaultRule.parse`` reads the ``--fault`` text form.
     """
 
-    __slots__ = ("_errors", "_latency")
+    __slots__ = ("_errors", "_latency", "_stall")
 
     def __init__(
         self,
         latency: LatencyMix | str | None = None,
         errors: Mapping[Any, float] | None = None,
+        stall: StallWindows | str | None = None,
     ) -> None:
+        if isinstance(stall, str):
+            stall = StallWindows.parse(stall)
+        elif stall is not None and not isinstance(stall, StallWindows):
+            raise TypeError(
+                f"stall must be a StallWindows, its text or None; got {type(stall).__name__} {stall!r}"
+            )
+        self._stall: StallWindows | None = stall
         if isinstance(latency, str):
             latency = LatencyMix.parse(latency)
         elif latency is not None and not isinstance(latency, LatencyMix):
@@ -390,6 +515,11 @@ class FaultRule:
         return self._errors
 
     @property
+    def stall(self) -> StallWindows | None:
+        """The stall windows, or ``None`` for none."""
+        return self._stall
+
+    @property
     def error_probability(self) -> float:
         """The probability that a call gets an injected error."""
         return math.fsum(self._errors.values())
@@ -400,16 +530,26 @@ class FaultRule:
         if not isinstance(spec, str):
             raise TypeError(f"a fault rule spec must be a str; got {type(spec).__name__} {spec!r}")
         latency: LatencyMix | None = None
+        stall: StallWindows | None = None
         errors: dict[StatusCode, float] = {}
         clauses = [clause.strip() for clause in spec.split(";") if clause.strip()]
         if not clauses:
-            raise ValueError("empty fault rule: expected 'latency=MIX' and/or 'error=CODE:P%'")
+            raise ValueError(
+                "empty fault rule: expected 'latency=MIX', 'error=CODE:P%' and/or 'stall=STALL/PERIOD'"
+            )
         for clause in clauses:
             key, separator, value = clause.partition("=")
             key = key.strip().lower()
             if not separator or not value.strip():
-                raise ValueError(f"bad fault clause {clause!r}: expected 'latency=MIX' or 'error=CODE:P%'")
-            if key == "latency":
+                raise ValueError(
+                    f"bad fault clause {clause!r}: "
+                    "expected 'latency=MIX', 'error=CODE:P%' or 'stall=STALL/PERIOD'"
+                )
+            if key == "stall":
+                if stall is not None:
+                    raise ValueError(f"stall given twice in {spec!r}")
+                stall = StallWindows.parse(value)
+            elif key == "latency":
                 if latency is not None:
                     raise ValueError(f"latency given twice in {spec!r}")
                 latency = LatencyMix.parse(value)
@@ -426,35 +566,46 @@ class FaultRule:
                         raise ValueError(f"error rate of {code.name} given twice in {spec!r}")
                     errors[code] = _parse_percent(percent)
             else:
-                raise ValueError(f"unknown fault kind {key!r} in {clause!r}: expected 'latency' or 'error'")
-        return cls(latency=latency, errors=errors)
+                raise ValueError(
+                    f"unknown fault kind {key!r} in {clause!r}: expected 'latency', 'error' or 'stall'"
+                )
+        return cls(latency=latency, errors=errors, stall=stall)
 
     @classmethod
     def from_json(cls, value: object) -> FaultRule:
-        """Build a rule from its JSON form: ``{"latency": "95%:5ms,...", "errors": {"UNAVAILABLE": 0.2}}``."""
+        """Build a rule from its JSON form: ``{"latency": "95%:5ms,...", "errors": {"UNAVAILABLE": 0.2}}``.
+
+        Stall windows are ``"stall": "500ms/5s"``.
+        """
         if not isinstance(value, Mapping):
             raise ValueError(
-                f"a fault rule must be a JSON object with 'latency' and/or 'errors'; got {value!r}"
+                f"a fault rule must be a JSON object with 'latency', 'errors' and/or 'stall'; got {value!r}"
             )
-        unknown = set(value) - {"latency", "errors"}
+        unknown = set(value) - {"latency", "errors", "stall"}
         if unknown:
-            raise ValueError(f"unknown fault rule keys {sorted(unknown)}: expected 'latency' and/or 'errors'")
+            raise ValueError(
+                f"unknown fault rule keys {sorted(unknown)}: expected 'latency', 'errors' and/or 'stall'"
+            )
         latency = value.get("latency")
         if latency is not None and not isinstance(latency, str):
             raise ValueError(f"'latency' must be a string such as '95%:5ms,5%:300ms'; got {latency!r}")
+        stall = value.get("stall")
+        if stall is not None and not isinstance(stall, str):
+            raise ValueError(f"'stall' must be a string such as '500ms/5s'; got {stall!r}")
         raw_errors = value.get("errors") or {}
         if not isinstance(raw_errors, Mapping):
             raise ValueError(f"'errors' must be an object of code name to rate; got {raw_errors!r}")
         errors = {
             name: _parse_percent(rate) if isinstance(rate, str) else rate for name, rate in raw_errors.items()
         }
-        return cls(latency=latency, errors=errors)
+        return cls(latency=latency, errors=errors, stall=stall)
 
     def merged(self, other: FaultRule) -> FaultRule:
-        """This rule updated by ``other``: its latency (if set) replaces ours, its error rates are added."""
+        """This rule updated by ``other``: its latency and stall (if set) replace ours; errors are added."""
         return FaultRule(
             latency=other.latency if other.latency is not None else self.latency,
             errors={**self._errors, **other.errors},
+            stall=other.stall if other.stall is not None else self.stall,
         )
 
     def _draw_error(self, rng: random.Random) -> StatusCode | None:
@@ -470,6 +621,8 @@ class FaultRule:
 
     def __str__(self) -> str:
         clauses = []
+        if self._stall is not None:
+            clauses.append(f"stall={self._stall}")
         if self._latency is not None:
             clauses.append(f"latency={self._latency}")
         if self._errors:
@@ -485,10 +638,14 @@ class FaultRule:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FaultRule):
             return NotImplemented
-        return self._latency == other._latency and dict(self._errors) == dict(other._errors)
+        return (
+            self._latency == other._latency
+            and dict(self._errors) == dict(other._errors)
+            and self._stall == other._stall
+        )
 
     def __hash__(self) -> int:
-        return hash((self._latency, tuple(self._errors.items())))
+        return hash((self._latency, tuple(self._errors.items()), self._stall))
 
 
 @dataclass(frozen=True)
@@ -501,8 +658,10 @@ class MethodFaultCounts:
     delays: Mapping[float, int] = field(default_factory=dict)
     #: Injected errors by status code.
     errors: Mapping[StatusCode, int] = field(default_factory=dict)
-    #: Calls cancelled by their client (or past their deadline) during an injected delay.
+    #: Calls cancelled by their client (or past their deadline) during an injected delay or stall.
     cancelled_during_delay: int = 0
+    #: Calls that arrived in a stall window and were held until it ended.
+    stalled: int = 0
 
     @property
     def delayed(self) -> int:
@@ -552,18 +711,24 @@ class FaultCounts(Mapping[str, MethodFaultCounts]):
         """Injected errors over all methods."""
         return sum(counts.failed for counts in self._by_method.values())
 
+    @property
+    def stalled(self) -> int:
+        """Calls held by a stall window, over all methods."""
+        return sum(counts.stalled for counts in self._by_method.values())
+
     def __repr__(self) -> str:
         return f"FaultCounts({self._by_method!r})"
 
 
 class _MutableCounts:
-    __slots__ = ("calls", "cancelled_during_delay", "delays", "errors")
+    __slots__ = ("calls", "cancelled_during_delay", "delays", "errors", "stalled")
 
     def __init__(self) -> None:
         self.calls = 0
         self.delays: dict[float, int] = {}
         self.errors: dict[StatusCode, int] = {}
         self.cancelled_during_delay = 0
+        self.stalled = 0
 
     def freeze(self) -> MethodFaultCounts:
         return MethodFaultCounts(
@@ -571,6 +736,7 @@ class _MutableCounts:
             delays=MappingProxyType(dict(sorted(self.delays.items()))),
             errors=MappingProxyType(dict(sorted(self.errors.items()))),
             cancelled_during_delay=self.cancelled_during_delay,
+            stalled=self.stalled,
         )
 
 
@@ -596,7 +762,9 @@ class FaultInjector(grpc.aio.ServerInterceptor):
     ``grpc.aio.server(interceptors=[injector])`` (``LocalServer`` does, and exposes it as
     ``server.faults``). :meth:`set` and :meth:`clear` may be called from any thread while the server
     runs; a call uses the rule in force when it arrived. ``seed`` makes the draws repeatable (for the
-    same order of calls). :attr:`counts` is a snapshot of every injected event.
+    same order of calls) and fixes the phase of stall windows that leave it open; those windows are
+    counted from the injector's time origin, its creation or its last :meth:`seed`. :attr:`counts` is a
+    snapshot of every injected event.
     """
 
     def __init__(
@@ -609,6 +777,8 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._clock = clock
+        self._origin = clock.now()
+        self._stall_fraction = _stall_fraction(seed)
         # Replaced, never mutated, so the interceptor reads it without taking the lock.
         self._rules: Mapping[str, FaultRule] = {}
         self._counts: dict[str, _MutableCounts] = {}
@@ -652,9 +822,15 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             self._counts = {}
 
     def seed(self, seed: int | None) -> None:
-        """Restart the random draws from ``seed``."""
+        """Restart the random draws from ``seed``, and the stall windows' time origin from now."""
         with self._lock:
             self._rng = random.Random(seed)
+            self._origin = self._clock.now()
+            self._stall_fraction = _stall_fraction(seed)
+
+    def stall_phase(self, windows: StallWindows) -> float:
+        """When in each period ``windows`` open (seconds): their phase, or the seed's share of the period."""
+        return windows.phase if windows.phase is not None else self._stall_fraction * windows.period
 
     @property
     def rules(self) -> Mapping[str, FaultRule]:
@@ -780,9 +956,16 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             if counts is None:
                 counts = self._counts[name] = _MutableCounts()
             counts.calls += 1
+            stall = 0.0
+            if rule.stall is not None:
+                stall = rule.stall.wait(self._clock.now() - self._origin, self.stall_phase(rule.stall))
+                if stall > 0:
+                    counts.stalled += 1
             delay = rule.latency.sample(self._rng) if rule.latency is not None else 0.0
             if delay > 0:
                 counts.delays[delay] = counts.delays.get(delay, 0) + 1
+        # The stall comes first: a call let go at the end of its window then gets its drawn delay.
+        delay += stall
         if delay > 0:
             try:
                 await self._clock.sleep(delay)
@@ -814,6 +997,15 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             counts = self._counts.get(name)
             if counts is not None:
                 counts.cancelled_during_delay += 1
+
+
+def _stall_fraction(seed: int | None) -> float:
+    """Where in their period the seed puts stall windows, as a share of the period in [0, 1).
+
+    Its own generator, so that stall rules neither take draws from the latency and error sequence nor
+    depend on the order rules were set in.
+    """
+    return random.Random(None if seed is None else f"hedgepub-stall-{seed}").random()
 
 
 async def _as_async_iterator(responses: Any) -> AsyncIterator[Any]:

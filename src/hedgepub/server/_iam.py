@@ -67,7 +67,23 @@ PROJECT_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.topics.list",
     }
 )
-ALL_PERMISSIONS: frozenset[str] = TOPIC_PERMISSIONS | SUBSCRIPTION_PERMISSIONS | PROJECT_PERMISSIONS
+#: Permissions on schemas (granted through the project's policy: schemas carry no policy of their own here).
+SCHEMA_PERMISSIONS: frozenset[str] = frozenset(
+    {
+        "pubsub.schemas.attach",
+        "pubsub.schemas.commit",
+        "pubsub.schemas.create",
+        "pubsub.schemas.delete",
+        "pubsub.schemas.get",
+        "pubsub.schemas.list",
+        "pubsub.schemas.listRevisions",
+        "pubsub.schemas.rollback",
+        "pubsub.schemas.validate",
+    }
+)
+ALL_PERMISSIONS: frozenset[str] = (
+    TOPIC_PERMISSIONS | SUBSCRIPTION_PERMISSIONS | PROJECT_PERMISSIONS | SCHEMA_PERMISSIONS
+)
 
 _VIEW = frozenset(
     {
@@ -75,15 +91,18 @@ _VIEW = frozenset(
         "pubsub.subscriptions.list",
         "pubsub.topics.get",
         "pubsub.topics.list",
+        "pubsub.schemas.get",
+        "pubsub.schemas.list",
+        "pubsub.schemas.listRevisions",
     }
 )
 _GET_POLICY = frozenset({"pubsub.subscriptions.getIamPolicy", "pubsub.topics.getIamPolicy"})
 _SET_POLICY = frozenset({"pubsub.subscriptions.setIamPolicy", "pubsub.topics.setIamPolicy"})
 _EDIT = ALL_PERMISSIONS - _GET_POLICY - _SET_POLICY
 
-#: The real roles, restricted to the permissions on topics and subscriptions this server knows. The Pub/Sub
-#: editor manages and uses resources but cannot read or change their policies; the basic editor can read
-#: them; the basic viewer sees configurations and policies but cannot publish or consume.
+#: The real roles, restricted to the permissions on topics, subscriptions and schemas this server knows.
+#: The Pub/Sub editor manages and uses resources but cannot read or change their policies; the basic editor
+#: can read them; the basic viewer sees configurations and policies but cannot publish or consume.
 ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     "roles/pubsub.publisher": frozenset({"pubsub.topics.publish"}),
     "roles/pubsub.subscriber": frozenset(
@@ -148,6 +167,7 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     ),
     "GetSubscription": (Check("pubsub.subscriptions.get", "subscription"),),
     "UpdateSubscription": (Check("pubsub.subscriptions.update", "subscription.name"),),
+    "ModifyPushConfig": (Check("pubsub.subscriptions.update", "subscription"),),
     "ListSubscriptions": (Check("pubsub.subscriptions.list", "project"),),
     "DeleteSubscription": (Check("pubsub.subscriptions.delete", "subscription"),),
     "Pull": (Check("pubsub.subscriptions.consume", "subscription"),),
@@ -157,9 +177,29 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     "GetIamPolicy": (Check("getIamPolicy", "resource"),),
     "SetIamPolicy": (Check("setIamPolicy", "resource"),),
     "TestIamPermissions": (),
+    "CreateSchema": (Check("pubsub.schemas.create", "parent"),),
+    "GetSchema": (Check("pubsub.schemas.get", "name"),),
+    "ListSchemas": (Check("pubsub.schemas.list", "parent"),),
+    "ListSchemaRevisions": (Check("pubsub.schemas.listRevisions", "name"),),
+    "CommitSchema": (Check("pubsub.schemas.commit", "name"),),
+    "RollbackSchema": (Check("pubsub.schemas.rollback", "name"),),
+    "DeleteSchemaRevision": (Check("pubsub.schemas.delete", "name"),),
+    "DeleteSchema": (Check("pubsub.schemas.delete", "name"),),
+    "ValidateSchema": (Check("pubsub.schemas.validate", "parent"),),
+    "ValidateMessage": (Check("pubsub.schemas.validate", "parent"),),
 }
 
 Metadata = Sequence[tuple[str, "str | bytes"]]
+
+#: The identity the local server forwards dead-lettered messages as. The real service publishes them as its
+#: per-project service agent, ``service-{project_number}@gcp-sa-pubsub.iam.gserviceaccount.com``; local
+#: projects have no numbers, so the project ID stands in for the number.
+FORWARDING_IDENTITY = "serviceAccount:service-{project}@gcp-sa-pubsub.iam.gserviceaccount.com"
+
+
+def forwarding_identity(resource: str) -> str:
+    """The principal that forwards dead-lettered messages of ``resource``'s project (a subscription)."""
+    return FORWARDING_IDENTITY.format(project=resource.split("/")[1] if resource.count("/") >= 1 else "")
 
 
 def resource_permission(resource: str, verb: str) -> str:
@@ -188,6 +228,9 @@ class Authorizer(Protocol):
 
 class AllowAll:
     """The default :class:`Authorizer`: IAM policies are stored but not enforced."""
+
+    def authenticate(self, metadata: Metadata) -> None:
+        """Anyone (an authorizer may offer this to check the caller before any lookup)."""
 
     async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow everything."""
@@ -335,15 +378,18 @@ def _denied() -> ServiceError:
 
 
 def _project_of(resource: str) -> str:
-    """``projects/p`` of a project, topic or subscription name; INVALID_ARGUMENT if it is none of them."""
+    """``projects/p`` of a project, topic, subscription or schema (revision) name; else INVALID_ARGUMENT."""
     parts = resource.split("/")
     if len(parts) == 2:
         check_project(resource)
     elif len(parts) == 4 and parts[2] in ("topics", "subscriptions"):
         check_name(resource, parts[2])
+    elif len(parts) == 4 and parts[2] == "schemas":
+        check_name(resource.partition("@")[0], "schemas")
     else:
         raise invalid(
-            f"Invalid resource name given (name={resource}). Expected a project, topic or subscription."
+            f"Invalid resource name given (name={resource}). Expected a project, topic, subscription or "
+            "schema."
         )
     return "/".join(parts[:2])
 
@@ -420,6 +466,29 @@ class IamEnforcer:
         for binding in policy.bindings:
             if binding.role not in ROLE_PERMISSIONS:
                 raise invalid(UNSUPPORTED_ROLE_MESSAGE.format(role=binding.role))
+
+    def authenticate(self, metadata: Metadata) -> tuple[str, ...]:
+        """Who the caller is (UNAUTHENTICATED if unknown); the services call it before looking anything up."""
+        return self.principals(metadata)
+
+    def may_forward(self, subscription: str, dead_letter_topic: str) -> bool:
+        """Whether the topic grants the forwarding identity of ``subscription``'s project publishing."""
+        identity = (_normalize_member(forwarding_identity(subscription)),)
+        try:
+            return "pubsub.topics.publish" in self.permissions(identity, dead_letter_topic)
+        except ServiceError:  # a malformed topic name grants nothing
+            return False
+
+    def check_dead_letter_topic(self, subscription: str, dead_letter_topic: str) -> None:
+        """Create/UpdateSubscription with a dead-letter policy: the service must be able to forward.
+
+        As in the real service, whose service agent must be allowed to publish to the dead-letter topic,
+        a topic that does not grant :func:`forwarding_identity` ``pubsub.topics.publish`` is refused with
+        PERMISSION_DENIED; so a caller cannot route messages to a topic it may not publish to.
+        """
+        _project_of(dead_letter_topic)  # INVALID_ARGUMENT for a malformed name, as before
+        if not self.may_forward(subscription, dead_letter_topic):
+            raise _denied()
 
     async def check(self, metadata: Metadata, permission: str, resource: str) -> None:
         """Allow, or raise UNAUTHENTICATED / INVALID_ARGUMENT (bad name) / PERMISSION_DENIED."""

@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import socket
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -20,11 +21,15 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
+from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._front import OnePortFront
+from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
@@ -67,15 +72,20 @@ class _PrivateAddress:
         return _PrivateAddress(f"{PRIVATE_HOST}:{port}", self.family, (PRIVATE_HOST, port))
 
 
-def open_store(data_dir: str | os.PathLike[str] | None, in_memory: bool) -> Store:
+def open_store(
+    data_dir: str | os.PathLike[str] | None, in_memory: bool, *, keep_unsubscribed: bool = False
+) -> Store:
     """The store for a server: in memory, or SQLite in ``data_dir``."""
     if in_memory:
-        return MemoryStore()
+        return MemoryStore(keep_unsubscribed=keep_unsubscribed)
     if data_dir is None:
         raise ValueError("data_dir is required unless in_memory=True")
     from hedgepub.server._sqlite import SqliteStore
 
-    return SqliteStore(Path(data_dir) / "pubsub.sqlite3")
+    try:
+        return SqliteStore(database_path(data_dir), keep_unsubscribed=keep_unsubscribed)
+    except sqlite3.Error as error:
+        raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
 
 def _cannot_listen(where: str) -> OSError:
@@ -90,8 +100,17 @@ class AsyncLocalServer:
     :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
     not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
     project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead. ``rest=True`` (the default) serves REST/JSON (HTTP/1.1)
-    on the same port as gRPC, as Google's emulator does; ``rest=False`` serves gRPC alone.
+    :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
+    ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
+    ``keep_unsubscribed=True`` keeps the messages published while their topic has no subscription (the
+    real service drops them; :class:`LocalServer` keeps them so that ``messages(topic)`` shows them).
+    ``window``: ready messages held in memory per subscription.
+    ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
+    answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
+    service does not do this).
+    ``rest=True`` (the default) serves REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's
+    emulator does; ``rest=False`` serves gRPC alone, and so does a TLS server (the front that tells the
+    two apart reads plain text).
     """
 
     def __init__(
@@ -105,8 +124,17 @@ class AsyncLocalServer:
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
         clock: Clock = DEFAULT_CLOCK,
+        keep_unsubscribed: bool = False,
+        window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
         rest: bool = True,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError(
+                "TLS needs both tls_cert (PEM certificate chain) and tls_key (its PEM private key)"
+            )
         if faults is None:
             faults = FaultInjector()
         if iam is not None and authorizer is not None:
@@ -121,21 +149,50 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
-        self.rest = rest
+        self.rest = rest and tls_cert is None
+        self.keep_unsubscribed = keep_unsubscribed
+        self._window = window
+        #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
+        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
+        self.tls_cert = tls_cert
+        self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
         self._front: OnePortFront | None = None
         self._gateway: RestGateway | None = None
         self._http: Any = None
         self.core: PubSubCore | None = None
+        self._data_dir_lock: DataDirLock | None = None
         self.port = 0
 
     @property
     def address(self) -> str:
-        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``)."""
+        """``host:port`` to give clients (``PUBSUB_EMULATOR_HOST``, or ``https://`` + it under TLS)."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
+        return self.tls_cert is not None
+
+    def _server_credentials(self) -> grpc.ServerCredentials:
+        assert self.tls_cert is not None and self.tls_key is not None
+        try:
+            chain = Path(self.tls_cert).read_bytes()
+            key = Path(self.tls_key).read_bytes()
+        except OSError as error:
+            raise OSError(f"cannot read the TLS certificate or key: {error}") from error
+        for what, data, marker in (("tls_cert", chain, b"CERTIFICATE"), ("tls_key", key, b"PRIVATE KEY")):
+            if b"-----BEGIN" not in data or marker not in data:
+                raise ValueError(f"{what} ({os.fspath(getattr(self, what))}) holds no PEM {marker.decode()}")
+        return grpc.ssl_server_credentials([(key, chain)])
+
     async def start(self) -> None:
-        """Open the store, load what it holds, and start serving."""
+        """Lock and check the data directory, open the store, load what it holds, and start serving.
+
+        A data directory another server uses, or one that cannot be written, or a database that cannot be
+        opened or fails SQLite's quick check raises :class:`~hedgepub.server.DataDirError` (one line).
+        """
+        credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
         front = None
         if self.rest:
             # The public port first: when it is taken, nothing else has been opened yet.
@@ -145,29 +202,47 @@ class AsyncLocalServer:
             except OSError as error:
                 raise _cannot_listen(f"{self.host}:{self.requested_port}") from error
         try:
-            await self._start(front)
+            if not self.in_memory and self.data_dir is not None:
+                self._data_dir_lock = open_data_dir(self.data_dir)
+            await self._start(credentials, front)
         except BaseException:
+            self._release_data_dir()
             if front is not None:
                 await front.stop()
             raise
 
-    async def _start(self, front: OnePortFront | None) -> None:
-        store = open_store(self.data_dir, self.in_memory)
-        core = PubSubCore(store, clock=self._clock)
+    def _release_data_dir(self) -> None:
+        lock, self._data_dir_lock = self._data_dir_lock, None
+        if lock is not None:
+            lock.release()
+
+    async def _start(self, credentials: grpc.ServerCredentials | None, front: OnePortFront | None) -> None:
+        store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
+        core = PubSubCore(store, clock=self._clock, window=self._window)
         loop = asyncio.get_running_loop()
-        # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
-        snapshot = await loop.run_in_executor(None, store.load)
-        core.load(snapshot)
+        try:
+            # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
+            snapshot = await loop.run_in_executor(None, store.load)
+            core.load(snapshot)
+        except (sqlite3.Error, DecodeError) as error:
+            await core.close()
+            raise DataDirError(
+                f"database file {database_path(self.data_dir or '')} cannot be loaded: {error}"
+            ) from None
         authorizer = self._authorizer
         if self.iam is not None:
             authorizer = IamEnforcer(self.iam, core.stored_policy)
+            core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer)))
+        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()
         where = f"{self.host}:{self.requested_port}" if front is None else private.grpc_address
         try:
-            port = server.add_insecure_port(where)
+            if credentials is not None:
+                port = server.add_secure_port(where, credentials)
+            else:
+                port = server.add_insecure_port(where)
             if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
                 raise RuntimeError(f"Failed to bind to address {where}")
         except RuntimeError as error:
@@ -209,6 +284,7 @@ class AsyncLocalServer:
             await front.stop()
         if core is not None:
             await core.close()
+        self._release_data_dir()
 
     async def wait_for_termination(self) -> None:
         """Wait until the server stops."""
@@ -225,7 +301,7 @@ class AsyncLocalServer:
     def __repr__(self) -> str:
         where = "in memory" if self.in_memory else f"data_dir={str(self.data_dir)!r}"
         state = f"serving on {self.address}" if self._server is not None else "stopped"
-        return f"<AsyncLocalServer {state}, {where}>"
+        return f"<AsyncLocalServer {state}{' over TLS' if self.tls else ''}, {where}>"
 
 
 async def serve(
@@ -240,6 +316,9 @@ async def serve(
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    dedup_hedges: bool = False,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
     rest: bool = True,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
@@ -255,6 +334,9 @@ async def serve(
         faults=faults,
         iam=iam,
         authorizer=authorizer,
+        dedup_hedges=dedup_hedges,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
         rest=rest,
     )
     await server.start()
@@ -274,8 +356,12 @@ class LocalServer:
 
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
-    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM and
-    ``rest=False`` turns the REST face off (see :class:`AsyncLocalServer`).
+    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
+    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC only);
+    ``rest=False`` turns the REST face off. Messages
+    published while a topic has no subscription are kept, so that :meth:`messages` shows them;
+    ``keep_unsubscribed=False`` drops them, as the real service does (for long runs, where they would
+    only fill memory or disk).
     """
 
     def __init__(
@@ -288,6 +374,11 @@ class LocalServer:
         *,
         iam: IamConfig | None = None,
         authorizer: Authorizer | None = None,
+        keep_unsubscribed: bool = True,
+        window: int = DEFAULT_WINDOW,
+        dedup_hedges: bool = False,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
         rest: bool = True,
     ) -> None:
         self._temporary: str | None = None
@@ -299,6 +390,11 @@ class LocalServer:
             faults=faults,
             iam=iam,
             authorizer=authorizer,
+            keep_unsubscribed=keep_unsubscribed,
+            window=window,
+            dedup_hedges=dedup_hedges,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
             rest=rest,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -316,9 +412,19 @@ class LocalServer:
         return self._server.host
 
     @property
+    def tls(self) -> bool:
+        """Whether the server speaks TLS (clients use ``endpoint="https://" + address``)."""
+        return self._server.tls
+
+    @property
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def hedge_dedup(self) -> HedgeBatchWindow | None:
+        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
+        return self._server.hedge_dedup
 
     @property
     def faults(self) -> FaultInjector:
@@ -411,7 +517,11 @@ class LocalServer:
         return core
 
     def messages(self, topic: str) -> list[StoredMessage]:
-        """Every message stored on ``topic`` (full name), in publish order."""
+        """Every message still stored on ``topic`` (full name), in publish order.
+
+        That is every message published while the topic had no subscription (unless
+        ``keep_unsubscribed=False``), and those some subscription has not acknowledged yet.
+        """
 
         async def read() -> list[StoredMessage]:
             return self._core().messages(topic)

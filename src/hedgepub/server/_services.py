@@ -16,25 +16,32 @@ from typing import Any
 import grpc
 import grpc.aio
 from google.iam.v1 import iam_policy_pb2, policy_pb2
-from google.protobuf import empty_pb2
+from google.protobuf import any_pb2, empty_pb2
 from google.protobuf.message import DecodeError
 from google.pubsub_v1.types import pubsub as pubsub_types
+from google.pubsub_v1.types import schema as schema_types
+from google.rpc import status_pb2
 
 from hedgepub._status import StatusCode
 from hedgepub.server import _iam
 from hedgepub.server._core import PubSubCore
+from hedgepub.server._datadir import DISK_FULL_MESSAGE, disk_full
+from hedgepub.server._hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
 from hedgepub.server._limits import ServiceError, check_ack_deadline, invalid
+from hedgepub.server._resources import page
 
 logger = logging.getLogger("hedgepub.server")
 
 PUBLISHER_SERVICE = "google.pubsub.v1.Publisher"
 SUBSCRIBER_SERVICE = "google.pubsub.v1.Subscriber"
 IAM_SERVICE = "google.iam.v1.IAMPolicy"
+SCHEMA_SERVICE = "google.pubsub.v1.SchemaService"
 
 #: How long a Pull without ``return_immediately`` waits for a first message before answering empty.
 PULL_WAIT_SECONDS = 5.0
 
 _pb = pubsub_types
+_schema = schema_types
 _Empty = empty_pb2.Empty
 _MALFORMED = object()
 
@@ -57,6 +64,13 @@ def _parser(message_class: Any) -> Callable[[bytes], Any]:
     return deserialize
 
 
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
 def _field(request: Any, path: str) -> str:
     value = request
     for part in path.split("."):
@@ -67,16 +81,27 @@ def _field(request: Any, path: str) -> str:
 class PubSubServicer:
     """Every implemented RPC, as coroutines taking ``(request, context)``."""
 
-    def __init__(self, core: PubSubCore, authorizer: _iam.Authorizer | None = None) -> None:
+    def __init__(
+        self,
+        core: PubSubCore,
+        authorizer: _iam.Authorizer | None = None,
+        hedge_window: HedgeBatchWindow | None = None,
+    ) -> None:
         self.core = core
         self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
         self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
+        #: ``--dedup-hedges``: attempts of one hedged batch are stored once (off: None).
+        self.hedge_window = hedge_window
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
         if not self._enforcing:
             return
         metadata = tuple(context.invocation_metadata() or ())
+        # Who the caller is comes first: nothing is looked up for a caller without a known token.
+        authenticate = getattr(self.authorizer, "authenticate", None)
+        if authenticate is not None:
+            authenticate(metadata)
         for permission, path, on_topic in _iam.RPC_PERMISSIONS.get(method, ()):
             resource = _field(request, path)
             if on_topic:
@@ -112,17 +137,38 @@ class PubSubServicer:
         return _pb.DetachSubscriptionResponse.pb()()
 
     async def Publish(self, request: Any, context: Any) -> Any:
-        ids = await self.core.publish(request.topic, request.messages, request.ByteSize())
+        size = request.ByteSize()
+        window = self.hedge_window
+        if window is not None:
+            batch_id = _metadata_value(context, BATCH_ID_METADATA)
+            if batch_id:
+                ids = await window.publish_once(
+                    request.topic,
+                    batch_id,
+                    (len(request.messages), size),
+                    lambda: self.core.publish(request.topic, request.messages, size),
+                )
+                return _PublishResponse(message_ids=ids)
+        ids = await self.core.publish(request.topic, request.messages, size)
         return _PublishResponse(message_ids=ids)
 
     # ------------------------------------------------------------ Subscriber
     async def CreateSubscription(self, request: Any, context: Any) -> Any:
+        if request.HasField("dead_letter_policy"):
+            self._check_dead_letter_topic(request.name, request.dead_letter_policy)
         return await self.core.create_subscription(request)
+
+    def _check_dead_letter_topic(self, subscription: str, policy: Any) -> None:
+        """While enforcing: the service must be allowed to publish to the dead-letter topic it would use."""
+        if isinstance(self.authorizer, _iam.IamEnforcer) and policy.dead_letter_topic:
+            self.authorizer.check_dead_letter_topic(subscription, policy.dead_letter_topic)
 
     async def GetSubscription(self, request: Any, context: Any) -> Any:
         return self.core.get_subscription(request.subscription)
 
     async def UpdateSubscription(self, request: Any, context: Any) -> Any:
+        if "dead_letter_policy" in request.update_mask.paths:
+            self._check_dead_letter_topic(request.subscription.name, request.subscription.dead_letter_policy)
         return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
 
     async def ListSubscriptions(self, request: Any, context: Any) -> Any:
@@ -131,6 +177,10 @@ class PubSubServicer:
 
     async def DeleteSubscription(self, request: Any, context: Any) -> Any:
         await self.core.delete_subscription(request.subscription)
+        return _Empty()
+
+    async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
+        await self.core.modify_push_config(request.subscription, request.push_config)
         return _Empty()
 
     async def Pull(self, request: Any, context: Any) -> Any:
@@ -171,11 +221,7 @@ class PubSubServicer:
         consumer = core.open_consumer(
             subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
         )
-        state = core.get_subscription(subscription)
-        properties = _pb.StreamingPullResponse.SubscriptionProperties.pb()(
-            message_ordering_enabled=state.enable_message_ordering
-        )
-        failure: list[ServiceError] = []
+        failure: list[Exception] = []
 
         def apply(request: Any) -> None:
             if request.stream_ack_deadline_seconds:
@@ -195,18 +241,18 @@ class PubSubServicer:
             try:
                 apply(first)
                 if first.ack_ids:
-                    await core.acknowledge(subscription, first.ack_ids)
+                    await core.acknowledge(subscription, first.ack_ids, report=False)
                 while True:
                     request = await _next_request(requests)
                     if request is None:
                         break
                     apply(request)
                     if request.ack_ids:
-                        await core.acknowledge(subscription, request.ack_ids)
-            except ServiceError as error:
-                failure.append(error)
+                        await core.acknowledge(subscription, request.ack_ids, report=False)
             except (asyncio.CancelledError, grpc.RpcError):
                 pass
+            except Exception as error:  # e.g. an ack the store could not write: end the stream with it
+                failure.append(error)
             finally:
                 core.close_consumer(subscription, consumer)
 
@@ -218,12 +264,60 @@ class PubSubServicer:
                     raise failure[0]
                 if not batch:
                     break
+                # Read per response: an UpdateSubscription can turn exactly-once delivery on or off.
+                config = core.get_subscription(subscription)
+                properties = _SubscriptionProperties(
+                    message_ordering_enabled=config.enable_message_ordering,
+                    exactly_once_delivery_enabled=config.enable_exactly_once_delivery,
+                )
                 yield _pb.StreamingPullResponse.pb()(
                     received_messages=batch, subscription_properties=properties
                 )
         finally:
             core.close_consumer(subscription, consumer)
             reader.cancel()
+
+    # ------------------------------------------------------------ SchemaService
+    async def CreateSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.create(request.parent, request.schema_id, request.schema)
+
+    async def GetSchema(self, request: Any, context: Any) -> Any:
+        return self.core.schemas.get(request.name, request.view)
+
+    async def ListSchemas(self, request: Any, context: Any) -> Any:
+        schemas = self.core.schemas
+        names, token = page(schemas.names(request.parent), request.page_size, request.page_token)
+        listed = schemas.listed(names, request.view)
+        return _schema.ListSchemasResponse.pb()(schemas=listed, next_page_token=token)
+
+    async def ListSchemaRevisions(self, request: Any, context: Any) -> Any:
+        revisions = self.core.schemas.revisions(request.name, request.view)
+        # Paged in creation order: a revision's create time (unique within its schema) is its page key.
+        by_time = {_revision_key(revision): revision for revision in revisions}
+        keys, token = page(list(by_time), request.page_size, request.page_token)
+        shown = [by_time[key] for key in keys]
+        return _schema.ListSchemaRevisionsResponse.pb()(schemas=shown, next_page_token=token)
+
+    async def CommitSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.commit(request.name, request.schema)
+
+    async def RollbackSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.rollback(request.name, request.revision_id)
+
+    async def DeleteSchemaRevision(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.delete_revision(request.name, request.revision_id)
+
+    async def DeleteSchema(self, request: Any, context: Any) -> Any:
+        await self.core.delete_schema(request.name)
+        return _Empty()
+
+    async def ValidateSchema(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_schema(request.parent, request.schema)
+        return _schema.ValidateSchemaResponse.pb()()
+
+    async def ValidateMessage(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_message(request)
+        return _schema.ValidateMessageResponse.pb()()
 
     # ------------------------------------------------------------ IAMPolicy
     async def GetIamPolicy(self, request: Any, context: Any) -> Any:
@@ -235,14 +329,35 @@ class PubSubServicer:
         return await self.core.set_policy(request.resource, request.policy)
 
     async def TestIamPermissions(self, request: Any, context: Any) -> Any:
-        self.core.check_iam_resource(request.resource)
-        _iam.check_testable(request.resource, request.permissions)
         metadata = tuple(context.invocation_metadata() or ())
+        if not self._enforcing:
+            self.core.check_iam_resource(request.resource)
+            _iam.check_testable(request.resource, request.permissions)
+            granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
+        # Enforcing: the caller's token (already checked by authorize) and what it holds come before any
+        # lookup. A caller holding nothing on the resource gets the same empty answer whether it exists or
+        # not, so TestIamPermissions cannot tell it which topics exist; one holding something (who could
+        # GetTopic anyway, or reads the resource's own policy) learns NOT_FOUND as before.
+        _iam.check_testable(request.resource, request.permissions)
+        applicable = (
+            _iam.SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in request.resource else _iam.TOPIC_PERMISSIONS
+        )
+        holds_any = await self.authorizer.granted(metadata, request.resource, sorted(applicable))
+        if not holds_any:
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=[])
+        self.core.check_iam_resource(request.resource)
         granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
 
 
 _PublishResponse: Any = _pb.PublishResponse.pb()
+_SubscriptionProperties: Any = _pb.StreamingPullResponse.SubscriptionProperties.pb()
+
+
+def _revision_key(revision: Any) -> str:
+    stamp = revision.revision_create_time
+    return f"{stamp.seconds:012d}.{stamp.nanos:09d}"
 
 
 def _paged(
@@ -257,10 +372,26 @@ def _paged(
     return response_type.pb()(**{field: items, "next_page_token": token})
 
 
+def _status_details(error: ServiceError) -> tuple[tuple[str, bytes], ...]:
+    """The ``grpc-status-details-bin`` trailer carrying ``error.details`` (none when it has none)."""
+    if not error.details:
+        return ()
+    packed = []
+    for detail in error.details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    status = status_pb2.Status(code=int(error.code), message=error.message, details=packed)
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
     """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
     if isinstance(error, ServiceError):
-        await context.abort(_grpc_code(error.code), error.message)
+        await context.abort(_grpc_code(error.code), error.message, _status_details(error))
+    if disk_full(error):  # not a bug: the store refused a write, and recovers by itself when space returns
+        logger.warning("%s: the disk is full (%s); answered UNAVAILABLE", method, error)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL_MESSAGE)
     logger.error("%s failed", method, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
 
@@ -317,12 +448,53 @@ _METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
     (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
+    (SUBSCRIBER_SERVICE, "ModifyPushConfig", _pb.ModifyPushConfigRequest.pb(), _Empty, False),
     (
         SUBSCRIBER_SERVICE,
         "StreamingPull",
         _pb.StreamingPullRequest.pb(),
         _pb.StreamingPullResponse.pb(),
         True,
+    ),
+    (SCHEMA_SERVICE, "CreateSchema", _schema.CreateSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "GetSchema", _schema.GetSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemas",
+        _schema.ListSchemasRequest.pb(),
+        _schema.ListSchemasResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemaRevisions",
+        _schema.ListSchemaRevisionsRequest.pb(),
+        _schema.ListSchemaRevisionsResponse.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "CommitSchema", _schema.CommitSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "RollbackSchema", _schema.RollbackSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "DeleteSchemaRevision",
+        _schema.DeleteSchemaRevisionRequest.pb(),
+        _schema.Schema.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "DeleteSchema", _schema.DeleteSchemaRequest.pb(), _Empty, False),
+    (
+        SCHEMA_SERVICE,
+        "ValidateSchema",
+        _schema.ValidateSchemaRequest.pb(),
+        _schema.ValidateSchemaResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ValidateMessage",
+        _schema.ValidateMessageRequest.pb(),
+        _schema.ValidateMessageResponse.pb(),
+        False,
     ),
     (IAM_SERVICE, "SetIamPolicy", iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
     (IAM_SERVICE, "GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),

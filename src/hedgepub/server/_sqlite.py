@@ -25,65 +25,117 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (sequence INTEGER PRIMARY KEY, topic TEXT NOT NULL, body BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS messages_by_topic ON messages (topic, sequence);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS pending (
-    subscription TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS subscription_ids (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS refs (
+    subscription INTEGER NOT NULL,
     sequence INTEGER NOT NULL,
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS refs_by_sequence ON refs (sequence);
 """
-_TABLES = ("topics", "subscriptions", "policies")
+_TABLES = ("topics", "subscriptions", "policies", "schemas")
 #: Most operations folded into one transaction, so one commit never grows without bound.
 _MAX_GROUP = 512
+#: The reference that keeps a message published to a topic without subscriptions (``keep_unsubscribed``).
+_KEEP = 0
+#: Free pages are given back to the file system (incremental vacuum) once they are this share of the file
+#: and at least ``_VACUUM_MIN_PAGES``; below that SQLite reuses them for new rows, which is cheaper.
+_VACUUM_SHARE = 0.25
+_VACUUM_MIN_PAGES = 2048
+_VACUUM_STEP_PAGES = 4096
 
 _Operation = Callable[[sqlite3.Connection], None]
 
 
 class SqliteStore:
-    """A :class:`~hedgepub.server._store.Store` in one SQLite file (WAL), with group commit."""
+    """A :class:`~hedgepub.server._store.Store` in one SQLite file (WAL), with group commit.
 
-    def __init__(self, path: str | Path, *, synchronous: str = "NORMAL") -> None:
+    A message is one row of ``messages`` (its serialized ``PubsubMessage``); each subscription that has not
+    acknowledged it holds a row of ``refs`` (subscription id, sequence). The last reference to go takes the
+    message row with it. New files use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they
+    are a quarter of the file the writer hands them back in small steps.
+    """
+
+    def __init__(
+        self, path: str | Path, *, synchronous: str = "NORMAL", keep_unsubscribed: bool = False
+    ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA; got {synchronous!r}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.keep_unsubscribed = keep_unsubscribed
         self._synchronous = synchronous.upper()
         self._queue: queue.SimpleQueue[
             tuple[_Operation, asyncio.Future[None], asyncio.AbstractEventLoop] | None
         ]
         self._queue = queue.SimpleQueue()
         self._reader = self._connect()
+        self._migrate(self._reader)
+        #: subscription name -> its id in ``refs`` (owned by the event loop thread).
+        self._ids: dict[str, int] = dict(self._reader.execute("SELECT name, id FROM subscription_ids"))
+        (last_id,) = self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM subscription_ids").fetchone()
+        self._next_id = last_id + 1
         self._writer_thread: threading.Thread | None = None
         self._closed = False
+        self._commits_since_vacuum_check = 0
         self.commits = 0  # transactions committed, for tests and benchmarks of group commit
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Only takes effect on a new, empty file (before the first table); an older file keeps its mode.
+        connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute(f"PRAGMA synchronous={self._synchronous}")
         connection.execute("PRAGMA busy_timeout=10000")
+        # The WAL is truncated back to this after a checkpoint, so a burst does not leave a large file.
+        connection.execute("PRAGMA journal_size_limit=67108864")
         connection.executescript(_SCHEMA)
         return connection
 
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        """Bring a file of the earlier layout (a ``pending`` row per subscription name) to references."""
+        old = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'pending'")
+        if old.fetchone() is None:
+            return
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT OR IGNORE INTO subscription_ids (name) SELECT name FROM subscriptions")
+        connection.execute(
+            "INSERT OR IGNORE INTO refs (subscription, sequence) SELECT i.id, p.sequence FROM pending p "
+            "JOIN subscription_ids i ON i.name = p.subscription"
+        )
+        connection.execute(
+            "INSERT OR REPLACE INTO counters (name, value) SELECT 'next_sequence', "
+            "MAX(COALESCE((SELECT MAX(sequence) FROM messages), 0) + 1, "
+            "COALESCE((SELECT value FROM counters WHERE name = 'next_sequence'), 1))"
+        )
+        unreferenced = "NOT EXISTS (SELECT 1 FROM refs r WHERE r.sequence = messages.sequence)"
+        if self.keep_unsubscribed:
+            connection.execute(
+                f"INSERT INTO refs (subscription, sequence) SELECT {_KEEP}, sequence FROM messages "
+                f"WHERE {unreferenced}"
+            )
+        else:
+            connection.execute(f"DELETE FROM messages WHERE {unreferenced}")
+        connection.execute("DROP TABLE pending")
+        connection.execute("DROP INDEX IF EXISTS messages_by_topic")
+        connection.execute("COMMIT")
+
     # ------------------------------------------------------------ reads
     def load(self) -> Snapshot:
-        """Read every resource and every subscription's unacknowledged messages."""
+        """Read every resource and the sequence counter (backlogs are read in pages later)."""
         snapshot = Snapshot()
         connection = self._reader
         for table, target in zip(
-            _TABLES, (snapshot.topics, snapshot.subscriptions, snapshot.policies), strict=True
+            _TABLES,
+            (snapshot.topics, snapshot.subscriptions, snapshot.policies, snapshot.schemas),
+            strict=True,
         ):
             message_class = resource_class(table)  # type: ignore[arg-type]
             for name, body in connection.execute(f"SELECT name, body FROM {table}"):
                 target[name] = message_class.FromString(body)
-        rows = connection.execute(
-            "SELECT p.subscription, m.sequence, m.body FROM pending p JOIN messages m "
-            "ON m.sequence = p.sequence ORDER BY p.subscription, p.sequence"
-        )
-        for subscription, sequence, body in rows:
-            snapshot.pending.setdefault(subscription, []).append((sequence, PubsubMessage.FromString(body)))
         (last,) = connection.execute("SELECT COALESCE(MAX(sequence), 0) FROM messages").fetchone()
         (kept,) = connection.execute(
             "SELECT COALESCE(MAX(value), 1) FROM counters WHERE name = 'next_sequence'"
@@ -91,12 +143,37 @@ class SqliteStore:
         snapshot.next_sequence = max(last + 1, kept)
         return snapshot
 
+    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
+        """A page of the messages ``subscription`` references above ``after`` (what has been committed)."""
+        identifier = self._ids.get(subscription)
+        if identifier is None:
+            return []
+        rows = self._reader.execute(
+            "SELECT r.sequence, m.body FROM refs r JOIN messages m ON m.sequence = r.sequence "
+            "WHERE r.subscription = ? AND r.sequence > ? ORDER BY r.sequence LIMIT ?",
+            (identifier, after, limit),
+        ).fetchall()
+        parse = PubsubMessage.FromString
+        return [(sequence, parse(body)) for sequence, body in rows]
+
     def messages(self, topic: str) -> list[tuple[int, Any]]:
-        """Every message stored on ``topic``, in publish order (reads what has been committed)."""
+        """Every message still stored on ``topic``, in publish order (reads what has been committed).
+
+        A scan of all messages: this serves tests and inspection, and an index on topics would cost
+        every Publish.
+        """
         rows = self._reader.execute(
             "SELECT sequence, body FROM messages WHERE topic = ? ORDER BY sequence", (topic,)
         ).fetchall()
         return [(sequence, PubsubMessage.FromString(body)) for sequence, body in rows]
+
+    def file_bytes(self) -> int:
+        """Size of the database file and its WAL on disk, in bytes."""
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(FileNotFoundError):
+                total += (self.path.parent / (self.path.name + suffix)).stat().st_size
+        return total
 
     # ------------------------------------------------------------ writes
     async def _write(self, operation: _Operation) -> None:
@@ -132,10 +209,25 @@ class SqliteStore:
                         break
                     group.append(more)
                 self._commit(connection, group)
+                self._maybe_vacuum(connection)
                 if stop:
                     return
         finally:
             connection.close()
+
+    def _maybe_vacuum(self, connection: sqlite3.Connection) -> None:
+        """Now and then, give free pages back to the file system when they are a large share of the file."""
+        self._commits_since_vacuum_check += 1
+        if self._commits_since_vacuum_check < 64:
+            return
+        self._commits_since_vacuum_check = 0
+        (free,) = connection.execute("PRAGMA freelist_count").fetchone()
+        if free < _VACUUM_MIN_PAGES:
+            return
+        (pages,) = connection.execute("PRAGMA page_count").fetchone()
+        if free >= pages * _VACUUM_SHARE:
+            # A no-op on a file created before auto_vacuum was set (SQLite only reuses its free pages).
+            connection.execute(f"PRAGMA incremental_vacuum({_VACUUM_STEP_PAGES})")
 
     def _commit(self, connection: sqlite3.Connection, group: list[Any]) -> None:
         try:
@@ -158,62 +250,94 @@ class SqliteStore:
             _resolve(item)
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
-        """Create or replace a resource."""
+        """Create or replace a resource (a new subscription gets the id its references carry)."""
         if kind not in _TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
         data = body.SerializeToString()
+        identifier = None
+        if kind == "subscriptions" and name not in self._ids:
+            identifier = self._ids[name] = self._next_id
+            self._next_id += 1
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"INSERT OR REPLACE INTO {kind} (name, body) VALUES (?, ?)", (name, data))
+            if identifier is not None:
+                connection.execute(
+                    "INSERT OR REPLACE INTO subscription_ids (id, name) VALUES (?, ?)", (identifier, name)
+                )
 
         await self._write(operation)
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
-        """Delete a resource (and a subscription's backlog)."""
+        """Delete a resource; a subscription's references go with it, and the messages only they kept."""
         if kind not in _TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
+        # Forgotten at once, so that no append called from now on references the subscription.
+        identifier = self._ids.pop(name, None) if kind == "subscriptions" else None
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"DELETE FROM {kind} WHERE name = ?", (name,))
-            if kind == "subscriptions":
-                connection.execute("DELETE FROM pending WHERE subscription = ?", (name,))
+            if identifier is not None:
+                sequences = connection.execute(
+                    "SELECT sequence FROM refs WHERE subscription = ?", (identifier,)
+                ).fetchall()
+                connection.execute("DELETE FROM refs WHERE subscription = ?", (identifier,))
+                connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
+                _drop_unreferenced(connection, sequences)
 
         await self._write(operation)
 
     async def append(
         self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
     ) -> None:
-        """Store messages and mark them unacknowledged on each subscription; returns after the commit."""
+        """Store messages once and reference them from each subscription; returns after the commit."""
+        ids = [self._ids[name] for name in subscriptions if name in self._ids]
+        if not ids and not self.keep_unsubscribed:
+            # Nobody will ever read them; only the sequence counter must remember that they had IDs.
+            highest = messages[-1][0] if messages else 0
+
+            def count(connection: sqlite3.Connection) -> None:
+                _keep_counter_above(connection, "SELECT ?", highest)
+
+            await self._write(count)
+            return
+        ids = ids or [_KEEP]
         rows = [(sequence, topic, message.SerializeToString()) for sequence, message in messages]
-        pending = [(subscription, sequence) for subscription in subscriptions for sequence, _ in messages]
+        references = [(identifier, row[0]) for identifier in ids for row in rows]
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.executemany("INSERT INTO messages (sequence, topic, body) VALUES (?, ?, ?)", rows)
-            if pending:
-                connection.executemany(
-                    "INSERT OR IGNORE INTO pending (subscription, sequence) VALUES (?, ?)", pending
-                )
+            connection.executemany(
+                "INSERT OR IGNORE INTO refs (subscription, sequence) VALUES (?, ?)", references
+            )
 
         await self._write(operation)
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
-        """Forget acknowledged messages of a subscription."""
-        rows = [(subscription, sequence) for sequence in sequences]
+        """Drop acknowledged references, and the messages nothing references any more."""
+        identifier = self._ids.get(subscription)
+        if identifier is None:
+            return
+        rows = [(identifier, sequence) for sequence in sequences]
+        if not rows:
+            return
 
         def operation(connection: sqlite3.Connection) -> None:
-            connection.executemany("DELETE FROM pending WHERE subscription = ? AND sequence = ?", rows)
+            # Retained acknowledged messages (retain_acked_messages, snapshots) would keep the reference
+            # here, marked acknowledged with its time, instead of deleting it.
+            connection.executemany("DELETE FROM refs WHERE subscription = ? AND sequence = ?", rows)
+            _drop_unreferenced(connection, [(sequence,) for _, sequence in rows])
 
         await self._write(operation)
 
     async def clear(self) -> None:
         """Delete everything (message sequence numbers keep growing)."""
+        self._ids.clear()
 
         def operation(connection: sqlite3.Connection) -> None:
-            for table in (*_TABLES, "pending"):
+            _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
+            for table in (*_TABLES, "refs", "subscription_ids", "messages"):
                 connection.execute(f"DELETE FROM {table}")
-            # Keep the highest message so that sequence numbers, and so message IDs, are never reused.
-            connection.execute("DELETE FROM messages WHERE sequence < (SELECT MAX(sequence) FROM messages)")
-            connection.execute("UPDATE messages SET topic = ''")
 
         await self._write(operation)
 
@@ -246,3 +370,28 @@ def _resolve(item: Any, error: BaseException | None = None) -> None:
     # RuntimeError: the caller's loop is gone, so nobody is waiting any more.
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(settle)
+
+
+def _keep_counter_above(connection: sqlite3.Connection, highest_query: str, *parameters: Any) -> None:
+    """Make the stored next sequence exceed what ``highest_query`` returns, before messages are deleted.
+
+    Message IDs must never be reused, and after a restart the next sequence is the larger of this
+    counter and the highest stored message + 1.
+    """
+    connection.execute(
+        "INSERT INTO counters (name, value) VALUES ('next_sequence', "
+        f"COALESCE(({highest_query}), 0) + 1) "
+        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
+        parameters,
+    )
+
+
+def _drop_unreferenced(connection: sqlite3.Connection, sequences: list[tuple[int]]) -> None:
+    """Delete those of ``sequences`` whose message no reference needs any more."""
+    if not sequences:
+        return
+    _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
+    connection.executemany(
+        "DELETE FROM messages WHERE sequence = ?1 AND NOT EXISTS (SELECT 1 FROM refs WHERE sequence = ?1)",
+        sequences,
+    )

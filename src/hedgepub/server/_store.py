@@ -1,16 +1,22 @@
 """Storage behind the server: one small protocol, an in-memory implementation and (in ``_sqlite``) SQLite.
 
-The core keeps the live delivery state (leases, ack IDs, ordering queues) in memory and writes through
-to a store what must survive a restart: topics, subscriptions, IAM policies, every published message and,
-per subscription, which messages are not yet acknowledged. Messages are numbered by a store-wide
-sequence; a message's ID is its sequence number in decimal.
+The core keeps the live delivery state (a bounded window of ready messages, leases, ack IDs, ordering
+queues) in memory and writes through to a store what must survive a restart: topics, subscriptions, IAM
+policies, every published message (once) and, per subscription, a reference to each message it has not
+acknowledged yet. Messages are numbered by a store-wide sequence; a message's ID is its sequence number in
+decimal. A message is deleted when the last reference to it goes (acknowledged, dropped with a detached or
+deleted subscription), unless a retention rule keeps it: today the only rule is ``keep_unsubscribed``,
+which keeps what is published while a topic has no subscription so that ``LocalServer.messages`` can show
+it. (Retained acknowledged messages, topic retention and snapshots are further rules of the same kind: a
+reference, or a timestamp, that keeps the one stored copy alive; never a second copy.)
 
-Stores take and return raw protobuf objects (``google.pubsub.v1`` and ``google.iam.v1``); a store may
-keep references to the messages it is given, so callers never mutate a message after appending it.
+The core reads a subscription's backlog in pages (:meth:`Store.pending`), so nothing holds a whole
+backlog in memory but the in-memory store itself.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,15 +24,22 @@ from typing import Any, Literal, Protocol
 
 from google.iam.v1 import policy_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
+from google.pubsub_v1.types import schema as schema_types
 
 Topic: Any = pubsub_types.Topic.pb()
 Subscription: Any = pubsub_types.Subscription.pb()
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 Policy: Any = policy_pb2.Policy
+Schema: Any = schema_types.Schema.pb()
 
-#: Which table a resource lives in.
-ResourceKind = Literal["topics", "subscriptions", "policies"]
-_RESOURCE_CLASSES: dict[str, Any] = {"topics": Topic, "subscriptions": Subscription, "policies": Policy}
+#: Which table a resource lives in (schemas: one record per revision, named ``{schema}@{revision_id}``).
+ResourceKind = Literal["topics", "subscriptions", "policies", "schemas"]
+_RESOURCE_CLASSES: dict[str, Any] = {
+    "topics": Topic,
+    "subscriptions": Subscription,
+    "policies": Policy,
+    "schemas": Schema,
+}
 
 
 def resource_class(kind: ResourceKind) -> Any:
@@ -60,13 +73,16 @@ class StoredMessage:
 
 @dataclass
 class Snapshot:
-    """Everything a store holds that the core needs back after a restart."""
+    """What the core needs back after a restart before it serves: resources and the sequence counter.
+
+    Backlogs are not in it: the core reads them lazily, a page at a time, with :meth:`Store.pending`.
+    """
 
     topics: dict[str, Any] = field(default_factory=dict)
     subscriptions: dict[str, Any] = field(default_factory=dict)
     policies: dict[str, Any] = field(default_factory=dict)
-    #: subscription name -> its unacknowledged messages as (sequence, PubsubMessage), in sequence order.
-    pending: dict[str, list[tuple[int, Any]]] = field(default_factory=dict)
+    #: ``{schema}@{revision_id}`` -> that revision (a ``Schema``).
+    schemas: dict[str, Any] = field(default_factory=dict)
     #: the sequence number the next published message gets.
     next_sequence: int = 1
 
@@ -75,24 +91,27 @@ class Store(Protocol):
     """What the core needs from storage. Every ``async`` method returns once the change is durable."""
 
     def load(self) -> Snapshot:
-        """Read back everything stored (called once, before serving)."""
+        """Read back the resources and the sequence counter (called once, before serving)."""
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
-        """Create or replace a topic, subscription or IAM policy."""
+        """Create or replace a topic, subscription, IAM policy or schema revision."""
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
-        """Delete a resource; deleting a subscription also forgets its unacknowledged messages."""
+        """Delete a resource; deleting a subscription also drops its references (and what only they kept)."""
 
     async def append(
         self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
     ) -> None:
-        """Store published messages (sequence, PubsubMessage) as unacknowledged on each subscription."""
+        """Store published messages (sequence, PubsubMessage) once, referenced by each subscription."""
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
-        """Forget acknowledged messages of a subscription (unknown sequences are ignored)."""
+        """Drop a subscription's references (unknown sequences are ignored); unreferenced messages go."""
+
+    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
+        """Up to ``limit`` messages ``subscription`` references with a sequence above ``after``, in order."""
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
-        """Every message stored on a topic, in publish order."""
+        """Every message still stored on a topic, in publish order."""
 
     async def clear(self) -> None:
         """Delete everything."""
@@ -101,84 +120,150 @@ class Store(Protocol):
         """Finish pending writes and release resources."""
 
 
-class MemoryStore:
-    """A :class:`Store` in memory: nothing survives the process; every write is immediate."""
+class _References:
+    """One subscription's references in the in-memory store: live sequences, plus their order for paging.
+
+    Sequences are only ever added in increasing order, so ``order`` stays sorted; acknowledged ones are
+    dropped from ``live`` at once and from ``order`` in a compaction once they are half of it.
+    """
+
+    __slots__ = ("live", "order")
 
     def __init__(self) -> None:
+        self.live: set[int] = set()
+        self.order: list[int] = []
+
+    def add(self, sequences: Iterable[int]) -> None:
+        live = self.live
+        for sequence in sequences:
+            if sequence not in live:
+                live.add(sequence)
+                self.order.append(sequence)
+
+    def remove(self, sequence: int) -> bool:
+        try:
+            self.live.remove(sequence)
+        except KeyError:
+            return False
+        if len(self.order) > 2 * len(self.live) + 1024:
+            live = self.live
+            self.order = [kept for kept in self.order if kept in live]
+        return True
+
+    def after(self, sequence: int, limit: int) -> list[int]:
+        order, live = self.order, self.live
+        found: list[int] = []
+        index = bisect.bisect_right(order, sequence)
+        while index < len(order) and len(found) < limit:
+            candidate = order[index]
+            if candidate in live:
+                found.append(candidate)
+            index += 1
+        return found
+
+
+class MemoryStore:
+    """A :class:`Store` in memory: nothing survives the process; every write is immediate.
+
+    ``keep_unsubscribed``: keep messages published while their topic has no subscription (for
+    ``LocalServer.messages``); the real service, and the default, drop them.
+    """
+
+    def __init__(self, *, keep_unsubscribed: bool = False) -> None:
+        self.keep_unsubscribed = keep_unsubscribed
         self._resources: dict[str, dict[str, Any]] = {kind: {} for kind in _RESOURCE_CLASSES}
-        self._messages: dict[str, list[tuple[int, Any]]] = {}
-        self._by_sequence: dict[int, Any] = {}
-        self._pending: dict[str, dict[int, None]] = {}
+        #: sequence -> [topic, message, references]; insertion (so publish) order.
+        self._messages: dict[int, list[Any]] = {}
+        self._references: dict[str, _References] = {}
         self._next_sequence = 1
 
     def load(self) -> Snapshot:
-        """Return copies of everything held."""
+        """Return copies of the resources held."""
         snapshot = Snapshot(next_sequence=self._next_sequence)
         for kind, target in (
             ("topics", snapshot.topics),
             ("subscriptions", snapshot.subscriptions),
             ("policies", snapshot.policies),
+            ("schemas", snapshot.schemas),
         ):
             for name, body in self._resources[kind].items():
                 target[name] = _copy(body)
-        for subscription, sequences in self._pending.items():
-            snapshot.pending[subscription] = [
-                (sequence, self._by_sequence[sequence]) for sequence in sorted(sequences)
-            ]
         return snapshot
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
         """Keep a copy, so later changes by the caller do not leak in."""
         self._resources[kind][name] = _copy(body)
         if kind == "subscriptions":
-            self._pending.setdefault(name, {})
+            self._references.setdefault(name, _References())
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
-        """Drop the resource (and a subscription's backlog)."""
+        """Drop the resource (and a subscription's references)."""
         self._resources[kind].pop(name, None)
         if kind == "subscriptions":
-            self._pending.pop(name, None)
+            references = self._references.pop(name, None)
+            if references is not None:
+                for sequence in references.live:
+                    self._unreference(sequence)
 
     async def append(
         self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
     ) -> None:
         """Append in memory; the hot path of the in-memory server, so kept minimal."""
-        self._messages.setdefault(topic, []).extend(messages)
-        by_sequence = self._by_sequence
+        if not messages:
+            return
+        self._next_sequence = max(self._next_sequence, messages[-1][0] + 1)
+        count = len(subscriptions)
+        if count == 0 and not self.keep_unsubscribed:
+            return  # nobody will ever read them
+        stored = self._messages
         for sequence, message in messages:
-            by_sequence[sequence] = message
+            # An unsubscribed message kept for messages() holds one reference that is never dropped.
+            stored[sequence] = [topic, message, count or 1]
         for subscription in subscriptions:
-            pending = self._pending.setdefault(subscription, {})
-            for sequence, _ in messages:
-                pending[sequence] = None
-        if messages:
-            self._next_sequence = max(self._next_sequence, messages[-1][0] + 1)
+            self._references.setdefault(subscription, _References()).add(sequence for sequence, _ in messages)
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
-        """Forget acknowledged messages."""
-        pending = self._pending.get(subscription)
-        if pending is not None:
-            for sequence in sequences:
-                pending.pop(sequence, None)
+        """Drop acknowledged references, and the messages nothing references any more."""
+        references = self._references.get(subscription)
+        if references is None:
+            return
+        for sequence in sequences:
+            if references.remove(sequence):
+                self._unreference(sequence)
+
+    def _unreference(self, sequence: int) -> None:
+        entry = self._messages.get(sequence)
+        if entry is None:
+            return
+        entry[2] -= 1
+        if entry[2] <= 0:
+            del self._messages[sequence]
+
+    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
+        """A page of the subscription's referenced messages (the stored objects, not copies)."""
+        references = self._references.get(subscription)
+        if references is None:
+            return []
+        stored = self._messages
+        return [(sequence, stored[sequence][1]) for sequence in references.after(after, limit)]
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
-        """Every message stored on ``topic``, in publish order."""
-        return list(self._messages.get(topic, ()))
+        """Every message still stored on ``topic``, in publish order."""
+        return [(sequence, entry[1]) for sequence, entry in self._messages.items() if entry[0] == topic]
 
     async def clear(self) -> None:
         """Forget everything (the sequence keeps counting, so IDs stay unique)."""
         for table in self._resources.values():
             table.clear()
         self._messages.clear()
-        self._by_sequence.clear()
-        self._pending.clear()
+        self._references.clear()
 
     async def close(self) -> None:
         """Nothing to release."""
 
     def __repr__(self) -> str:
         counts = {kind: len(table) for kind, table in self._resources.items()}
-        return f"MemoryStore({counts}, messages={len(self._by_sequence)})"
+        return f"MemoryStore({counts}, messages={len(self._messages)})"
 
 
 def _copy(body: Any) -> Any:

@@ -4,6 +4,7 @@
 // back, then delete everything. Prints one JSON summary line on stdout; exits 0 only if every check held.
 //
 // Environment: PUBSUB_EMULATOR_HOST (required), INTEROP_PROJECT, INTEROP_TOPIC, INTEROP_SUBSCRIPTION,
+// INTEROP_WITNESS_SUBSCRIPTION (a second subscription, created and never pulled),
 // INTEROP_MESSAGES (ordered messages to publish, default 5), INTEROP_TIMEOUT_MS (default 45000).
 import {createRequire} from 'node:module';
 import {PubSub} from '@google-cloud/pubsub';
@@ -16,6 +17,7 @@ const suffix = `${process.pid}-${Date.now()}`;
 const projectId = process.env.INTEROP_PROJECT || 'hedgepub-interop';
 const topicId = process.env.INTEROP_TOPIC || `node-topic-${suffix}`;
 const subscriptionId = process.env.INTEROP_SUBSCRIPTION || `node-sub-${suffix}`;
+const witnessId = process.env.INTEROP_WITNESS_SUBSCRIPTION || '';
 const orderedCount = Number(process.env.INTEROP_MESSAGES || 5);
 const timeoutMs = Number(process.env.INTEROP_TIMEOUT_MS || 45000);
 const orderingKey = 'interop-key';
@@ -48,6 +50,9 @@ async function main() {
 
   const [topic] = await pubsub.createTopic(topicId);
   check(topic.name === `projects/${projectId}/topics/${topicId}`, `unexpected topic name ${topic.name}`);
+  // A second subscription that nobody pulls keeps every message on the server (a message goes with
+  // its last reference), so the test can compare what the server stored with what was sent.
+  if (witnessId) await topic.createSubscription(witnessId);
   const [subscription] = await topic.createSubscription(subscriptionId, {
     enableMessageOrdering: true,
     ackDeadlineSeconds: 10,

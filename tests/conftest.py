@@ -1,0 +1,97 @@
+"""Fixtures shared by several test directories: a real HTTP push endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """One POST the endpoint received."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.monotonic() when it arrived
+    status: int  # what the endpoint answered
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that drops its keep-alive connection (a killed server does) is no error here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class PushEndpoint:
+    """An HTTP/1.1 server on an ephemeral port of 127.0.0.1 that records every POST.
+
+    It answers ``status`` (settable at any time: 200 to acknowledge, 500 to refuse).
+    """
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.requests: list[PushRequest] = []
+        self._changed = threading.Condition()
+        endpoint = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real endpoint
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status = endpoint.status
+                with endpoint._changed:
+                    endpoint.requests.append(
+                        PushRequest(self.path, dict(self.headers.items()), body, time.monotonic(), status)
+                    )
+                    endpoint._changed.notify_all()
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                """Quiet."""
+
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="push-endpoint", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The endpoint's URL (path ``/push``)."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/push"
+
+    def wait_for(self, condition: Callable[[list[PushRequest]], bool], timeout: float = 30.0) -> bool:
+        """Wait until ``condition(requests so far)`` holds; False after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        with self._changed:
+            while not condition(self.requests):
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def push_endpoint() -> Iterator[PushEndpoint]:
+    """A running :class:`PushEndpoint`, closed after the test."""
+    endpoint = PushEndpoint()
+    yield endpoint
+    endpoint.close()
