@@ -110,7 +110,7 @@ class AsyncLocalServer:
     service does not do this).
     ``rest=True`` (the default) serves REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's
     emulator does; ``rest=False`` serves gRPC alone, and so does a TLS server (the front that tells the
-    two apart reads plain text).
+    two apart reads plain text) and a server on Windows.
     """
 
     def __init__(
@@ -149,7 +149,9 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
-        self.rest = rest and tls_cert is None
+        # The front reads plain text, and works on the loop's reader callbacks, which Windows' default
+        # (proactor) loop lacks: REST is served without TLS, and not on Windows.
+        self.rest = rest and tls_cert is None and sys.platform != "win32"
         self.keep_unsubscribed = keep_unsubscribed
         self._window = window
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
