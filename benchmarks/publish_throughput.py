@@ -5,9 +5,20 @@ memory, started here in a child process so that it has its own interpreter and d
 with the client being measured). The three clients run in turn, round after round, so that they share
 the machine's noise; the figure reported for each is its median over the rounds.
 
-    python benchmarks/publish_throughput.py [--messages 100000] [--rounds 3]
+    python benchmarks/publish_throughput.py [--messages 100000] [--rounds 3] [--threads 8]
 
 Targets: hedgepub >= 4x the official client; hedging on (not triggered) >= 0.95x hedging off.
+
+With ``--threads N`` (N > 1), hedgepub also runs with N threads sharing one ``PublisherClient``, each
+publishing its share of the N messages (the same total), hedging off and on, in the same rounds. Target:
+N threads >= 0.95x one thread's rate, hedging off and on alike. The CPU time per message (process CPU
+over the run, all threads) is printed beside each rate.
+
+With ``--otel`` it measures OpenTelemetry's cost instead: hedgepub's sync client (hedging on, never
+triggered) without OpenTelemetry importable, with it installed but off, on with the API's no-op providers,
+and on with the SDK (spans batched to an exporter that drops them, metrics kept in memory); and, for
+reference, the official client with its tracing on and the same SDK set-up. Each runs in a fresh child
+process, so that all start equal. Target: installed but off >= 0.97x without.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,26 +80,46 @@ def create_topic(address: str, name: str) -> str:
     return topic
 
 
+#: CPU microseconds per message of the last _measure call (the whole process: every thread).
+last_cpu_us_per_message = 0.0
+
+
 def _measure(publish_all: Callable[[], int], messages: int) -> float:
-    started = time.perf_counter()
+    global last_cpu_us_per_message
+    started, cpu_started = time.perf_counter(), time.process_time()
     published = publish_all()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     if published != messages:
         raise RuntimeError(f"published {published} of {messages} messages")
+    last_cpu_us_per_message = cpu / messages * 1e6
     return messages / elapsed
 
 
-def run_hedgepub(topic: str, messages: int, hedging: bool) -> tuple[float, int]:
-    """Messages/s of hedgepub's sync client, and the number of hedges it sent."""
+def run_hedgepub(topic: str, messages: int, hedging: bool, threads: int = 1) -> tuple[float, int]:
+    """Messages/s of hedgepub's sync client (``threads`` threads sharing it), and the hedges it sent."""
     from hedgepub import HedgingSettings, PublisherClient
 
     settings = HedgingSettings(hedge_delay=HEDGE_DELAY) if hedging else None
     publisher = PublisherClient(hedging_settings=settings)
 
-    def publish_all() -> int:
+    def publish_share(count: int, published: list[int]) -> None:
         publish = publisher.publish
-        futures = [publish(topic, PAYLOAD) for _ in range(messages)]
-        return sum(1 for future in futures if future.result())
+        futures = [publish(topic, PAYLOAD) for _ in range(count)]
+        published.append(sum(1 for future in futures if future.result()))
+
+    def publish_all() -> int:
+        if threads == 1:
+            published: list[int] = []
+            publish_share(messages, published)
+            return published[0]
+        shares = [messages // threads + (index < messages % threads) for index in range(threads)]
+        published = []
+        workers = [threading.Thread(target=publish_share, args=(share, published)) for share in shares]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        return sum(published)
 
     try:
         rate = _measure(publish_all, messages)
@@ -113,6 +145,110 @@ def run_official(topic: str, messages: int) -> float:
         publisher.stop()
 
 
+#: The --otel variants: (name, OpenTelemetry importable, enabled, SDK providers). "official-sdk" is
+#: google-cloud-pubsub's client with its own tracing on, for reference.
+OTEL_VARIANTS = (
+    ("without", False, False, False),
+    ("off", True, False, False),
+    ("on-noop", True, True, False),
+    ("on-sdk", True, True, True),
+    ("official-sdk", True, True, True),
+)
+
+
+def _otel_child(
+    variant: str, address: str, topic: str, messages: int, result: multiprocessing.connection.Connection
+) -> None:
+    _name, importable, enabled, sdk = next(entry for entry in OTEL_VARIANTS if entry[0] == variant)
+    if not importable:
+        sys.modules["opentelemetry"] = None  # type: ignore[assignment]  # as if the extra were not installed
+    os.environ["PUBSUB_EMULATOR_HOST"] = address
+    from hedgepub import HedgingSettings, PublisherClient
+
+    arguments: dict[str, object] = {}
+    if enabled:
+        arguments["enable_open_telemetry"] = True
+    if sdk:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Dropping(SpanExporter):
+            def export(self, spans: object) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(BatchSpanProcessor(Dropping()))
+        arguments["tracer_provider"] = tracer_provider
+        arguments["meter_provider"] = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    publisher: Any
+    if variant == "official-sdk":
+        from google.cloud import pubsub_v1
+        from opentelemetry import metrics, trace
+
+        trace.set_tracer_provider(arguments["tracer_provider"])  # type: ignore[arg-type]  # it reads the global one
+        metrics.set_meter_provider(arguments["meter_provider"])  # type: ignore[arg-type]
+        options = pubsub_v1.types.PublisherOptions(enable_open_telemetry_tracing=True)
+        publisher = pubsub_v1.PublisherClient(publisher_options=options)
+        publisher.shutdown = publisher.stop
+    else:
+        publisher = PublisherClient(hedging_settings=HedgingSettings(hedge_delay=HEDGE_DELAY), **arguments)  # type: ignore[arg-type]
+
+    def publish_all(count: int) -> int:
+        publish = publisher.publish
+        futures = [publish(topic, PAYLOAD) for _ in range(count)]
+        return sum(1 for future in futures if future.result())
+
+    try:
+        publish_all(2_000)  # warm-up: channel, code paths
+        result.send(_measure(lambda: publish_all(messages), messages))
+    finally:
+        publisher.shutdown()
+
+
+def otel_comparison(
+    address: str,
+    context: multiprocessing.context.SpawnContext,
+    messages: int,
+    rounds: int,
+    variants: list[str] | None = None,
+) -> int:
+    """The --otel run: every variant once per round in its own child process; medians and ratios."""
+    chosen = set(variants or ()) | {"without", "off"} if variants else {name for name, *_ in OTEL_VARIANTS}
+    unknown = chosen - {name for name, *_ in OTEL_VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown --otel-variants: {', '.join(sorted(unknown))}")
+    results: dict[str, list[float]] = {name: [] for name, *_ in OTEL_VARIANTS if name in chosen}
+    names = list(results)
+    for round_number in range(rounds):
+        order = names[round_number % len(names) :] + names[: round_number % len(names)]
+        for name in order:
+            receive, send = context.Pipe(duplex=False)
+            topic = create_topic(address, f"otel-{round_number}-{name}")
+            child = context.Process(target=_otel_child, args=(name, address, topic, messages, send))
+            child.start()
+            rate = receive.recv()
+            child.join(60)
+            results[name].append(rate)
+            print(f"round {round_number + 1} {name:>12}: {rate:>10,.0f} messages/s", flush=True)
+    medians = {name: statistics.median(rates) for name, rates in results.items()}
+    without = medians["without"]
+    print()
+    print(
+        f"{messages:,} messages of {len(PAYLOAD)} bytes, hedging on (never triggered), "
+        f"{rounds} rounds (medians)"
+    )
+    for name in names:
+        print(f"{name:>12}: {medians[name]:>10,.0f} messages/s  {medians[name] / without:>5.2f}x of without")
+    off_ratio = medians["off"] / without
+    print(
+        f"installed but off / without: {off_ratio:.2f}x  (target >= 0.97x)  "
+        f"{'ok' if off_ratio >= 0.97 else 'MISSED'}"
+    )
+    return 0 if off_ratio >= 0.97 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print messages/s and ratios; exit status 1 when a target is missed."""
     parser = argparse.ArgumentParser(
@@ -120,45 +256,90 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--messages", type=int, default=100_000, help="messages per client per round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs all three clients)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="also run hedgepub with this many threads sharing one client"
+    )
+    parser.add_argument(
+        "--no-official", action="store_true", help="leave the official client out (thread runs only)"
+    )
+    parser.add_argument(
+        "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
+    )
+    parser.add_argument(
+        "--otel-variants",
+        default=None,
+        help="with --otel, the variants to run, comma-separated (without and off always run): "
+        + ",".join(name for name, *_ in OTEL_VARIANTS),
+    )
     options = parser.parse_args(argv)
+    if options.otel:
+        context = multiprocessing.get_context("spawn")
+        with local_server(context) as address:
+            variants = options.otel_variants.split(",") if options.otel_variants else None
+            return otel_comparison(address, context, options.messages, options.rounds, variants)
+    threaded = options.threads > 1
+    names = ["off", "on"] + (["off-threads", "on-threads"] if threaded else [])
+    names += [] if options.no_official else ["official"]
 
-    results: dict[str, list[float]] = {"off": [], "on": [], "official": []}
+    results: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     hedges = 0
     with local_server(multiprocessing.get_context("spawn")) as address:
         # Warm-up: imports, channels, server code paths.
         run_hedgepub(create_topic(address, "warm-up-hedgepub"), 2_000, hedging=False)
         run_official(create_topic(address, "warm-up-official"), 2_000)
         for round_number in range(options.rounds):
-            order = ["off", "on", "official"]
-            order = order[round_number % 3 :] + order[: round_number % 3]  # rotate who goes first
+            shift = round_number % len(names)
+            order = names[shift:] + names[:shift]  # rotate who goes first
             for name in order:
                 topic = create_topic(address, f"round-{round_number}-{name}")
                 if name == "official":
                     rate = run_official(topic, options.messages)
                 else:
-                    rate, sent = run_hedgepub(topic, options.messages, hedging=name == "on")
+                    threads = options.threads if name.endswith("-threads") else 1
+                    rate, sent = run_hedgepub(
+                        topic, options.messages, hedging=name.startswith("on"), threads=threads
+                    )
                     hedges += sent
                 results[name].append(rate)
-                print(f"round {round_number + 1} {name:>8}: {rate:>10,.0f} messages/s", flush=True)
+                cpu[name].append(last_cpu_us_per_message)
+                print(
+                    f"round {round_number + 1} {name:>11}: {rate:>10,.0f} messages/s  "
+                    f"{last_cpu_us_per_message:6.1f} us CPU/message",
+                    flush=True,
+                )
 
-    off, on, official = (statistics.median(results[name]) for name in ("off", "on", "official"))
-    speedup, hedging_ratio = off / official, on / off
+    rates = {name: statistics.median(values) for name, values in results.items()}
+    cpus = {name: statistics.median(values) for name, values in cpu.items()}
     print()
     print(
         f"{options.messages:,} messages of {len(PAYLOAD)} bytes, default batch settings, "
         f"{options.rounds} rounds (medians)"
     )
-    print(f"hedgepub sync, hedging off : {off:>10,.0f} messages/s")
-    print(f"hedgepub sync, hedging on  : {on:>10,.0f} messages/s  (hedges sent: {hedges})")
-    print(f"google-cloud-pubsub        : {official:>10,.0f} messages/s")
-    print(
-        f"hedgepub / official        : {speedup:>6.2f}x  (target >= 4x)  {'ok' if speedup >= 4 else 'MISSED'}"
-    )
-    print(
-        f"hedging on / off           : {hedging_ratio:>6.2f}x  (target >= 0.95x)  "
-        f"{'ok' if hedging_ratio >= 0.95 else 'MISSED'}"
-    )
-    return 0 if speedup >= 4 and hedging_ratio >= 0.95 else 1
+    labels = {
+        "off": "hedgepub sync, hedging off",
+        "on": "hedgepub sync, hedging on",
+        "off-threads": f"... {options.threads} threads, hedging off",
+        "on-threads": f"... {options.threads} threads, hedging on",
+        "official": "google-cloud-pubsub",
+    }
+    for name in names:
+        print(f"{labels[name]:<32}: {rates[name]:>10,.0f} messages/s  {cpus[name]:6.1f} us CPU/message")
+    print(f"hedges sent: {hedges}")
+
+    checks: list[tuple[str, float, float]] = [("hedging on / off", rates["on"] / rates["off"], 0.95)]
+    if not options.no_official:
+        checks.insert(0, ("hedgepub / official", rates["off"] / rates["official"], 4.0))
+    if threaded:
+        checks += [
+            (f"{options.threads} threads / 1, off", rates["off-threads"] / rates["off"], 0.95),
+            (f"{options.threads} threads / 1, on", rates["on-threads"] / rates["on"], 0.95),
+            (f"{options.threads} threads on / off", rates["on-threads"] / rates["off-threads"], 0.95),
+        ]
+    for label, value, target in checks:
+        verdict = "ok" if value >= target else "MISSED"
+        print(f"{label:<32}: {value:>6.2f}x  (target >= {target:g}x)  {verdict}")
+    return 0 if all(value >= target for _, value, target in checks) else 1
 
 
 if __name__ == "__main__":

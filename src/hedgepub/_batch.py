@@ -59,6 +59,8 @@ class Batch:
         "condition",
         "flow_bytes",
         "futures",
+        "lock",
+        "open_key",
         "ordering_key",
         "request",
         "state",
@@ -66,7 +68,14 @@ class Batch:
         "topic",
     )
 
-    def __init__(self, topic: str, ordering_key: str, batch_id: str, sync_futures: bool) -> None:
+    def __init__(
+        self,
+        topic: str,
+        ordering_key: str,
+        batch_id: str,
+        sync_futures: bool,
+        open_key: tuple[Any, ...] = (),
+    ) -> None:
         self.topic = topic
         self.ordering_key = ordering_key
         self.batch_id = batch_id
@@ -82,6 +91,11 @@ class Batch:
         self.flow_bytes = 0
         self.state = BatchState.OPEN
         self.timer: Any = None
+        #: Guards messages going in against the batch being sealed (see hedgepub._publisher): held by the
+        #: thread adding a message, and by whoever seals the batch.
+        self.lock = threading.Lock()
+        #: The batch's key among the publisher's open batches.
+        self.open_key = open_key
 
     @property
     def message_count(self) -> int:

@@ -166,6 +166,11 @@ class EndpointRoutes:
             return 0
         return 1 + (attempt_number - 1) % others
 
+    @property
+    def connected(self) -> bool:
+        """Whether any endpoint's transport has been opened (or handed over) yet."""
+        return any(transport is not None for transport in self._transports)
+
     def transport(self, index: int) -> Transport:
         """Endpoint ``index``'s transport, opened on first use."""
         transport = self._transports[index]

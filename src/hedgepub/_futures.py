@@ -8,6 +8,13 @@ whose condition is shared by every message of one batch, and :func:`resolve_batc
 under one acquisition of that condition with one ``notify_all``. Waiters cannot observe a half-resolved
 batch: they wake only once the condition is released, when every future of the batch is done.
 
+A future is built for every message published, so building one must cost little: a ``BatchFuture``
+sets one attribute (its condition). Its state, result and exception start as class attributes (pending,
+``None``, ``None``) until it is resolved, and its lists of waiters and done-callbacks are created on first
+use; most futures never get a waiter or a callback, so most never get the lists. Every read or write of
+those fields in ``concurrent.futures`` happens holding the future's condition, so creating a list on first
+use cannot race.
+
 The fast path relies on ``concurrent.futures.Future``'s internal fields, unchanged since Python 3.2;
 :data:`FAST_PATH` checks them at import and the code falls back to the public methods otherwise.
 """
@@ -20,6 +27,7 @@ import itertools
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import _base
+from typing import Any
 
 _PENDING = getattr(_base, "PENDING", None)
 _FINISHED = getattr(_base, "FINISHED", None)
@@ -40,20 +48,35 @@ def _check_fast_path() -> bool:
 FAST_PATH = _check_fast_path()
 
 
+class _ListOnFirstUse:
+    """A class attribute that, read on an instance, gives it its own new empty list (then found first)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value: list[Any] = []
+        instance.__dict__[self.name] = value
+        return value
+
+
 class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     """A ``concurrent.futures.Future`` sharing its condition with the rest of its batch."""
+
+    # What Future.__init__ sets, as defaults an instance overrides when it changes them.
+    _state = _PENDING
+    _result = None
+    _exception = None
+    _waiters = _ListOnFirstUse()
+    _done_callbacks = _ListOnFirstUse()
 
     def __init__(self, condition: threading.Condition) -> None:
         if not FAST_PATH:
             super().__init__()
             return
-        # Mirrors Future.__init__, with the batch's condition instead of a new one.
         self._condition = condition
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
-        self._waiters: list = []  # type: ignore[type-arg]
-        self._done_callbacks: list = []  # type: ignore[type-arg]
 
 
 def resolve_batch(
@@ -103,12 +126,14 @@ def _resolve_fast(
                 future._result = message_id
                 future._exception = error
                 future._state = _FINISHED
-                for waiter in future._waiters:
+                # Read the instance's own lists only: most futures never had a waiter or a callback.
+                own = future.__dict__
+                for waiter in own.get("_waiters", ()):
                     if error is None:
                         waiter.add_result(future)
                     else:
                         waiter.add_exception(future)
-                if future._done_callbacks:
+                if own.get("_done_callbacks"):
                     with_callbacks.append(future)
         condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.

@@ -57,7 +57,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from hedgepub._exceptions import PublishError, RpcError
 
@@ -71,7 +70,6 @@ INSTRUMENTATION_NAME = "hedgepub"
 CONTEXT_ATTRIBUTE_PREFIX = "googclient_"
 TRACEPARENT_ATTRIBUTE = CONTEXT_ATTRIBUTE_PREFIX + "traceparent"
 _MESSAGING_SYSTEM = "gcp_pubsub"
-_PROPAGATOR = TraceContextTextMapPropagator()
 
 
 def _version() -> str:
@@ -253,6 +251,7 @@ class PublisherTelemetry:
         )
         if gauge_values is not None:
             _register_gauges(meter, self, gauge_values)
+        self._topics: dict[str, tuple[str, str]] = {}
         # Create spans (and their short topic names) by span id (16 hex digits, as in the traceparent),
         # from publish until they end.
         self._open: dict[str, tuple[trace.Span, str]] = {}
@@ -262,11 +261,19 @@ class PublisherTelemetry:
 
     def start_create(
         self, topic: str, data: Any, ordering_key: str, attributes: dict[str, Any]
-    ) -> tuple[str, trace.Span]:
-        """Start a message's create span and put its trace context in ``attributes``; return (id, span)."""
-        project, short = _topic_parts(topic)
+    ) -> str | None:
+        """Start a message's create span and put its trace context in ``attributes``.
+
+        Returns the span's id (16 hex digits) while it waits for its batch, or ``None`` when there is
+        nothing to end: no SDK installed (an invalid context, nothing is added to the message), or a span
+        the sampler dropped (its context still travels, so that the subscriber samples alike).
+        """
+        names = self._topics.get(topic)
+        if names is None:
+            names = self._topics[topic] = _topic_parts(topic)
+        project, short = names
         span = self.tracer.start_span(
-            f"{short} create",
+            short + " create",
             kind=trace.SpanKind.PRODUCER,
             attributes={
                 "messaging.system": _MESSAGING_SYSTEM,
@@ -278,15 +285,20 @@ class PublisherTelemetry:
                 "messaging.message.body.size": len(data) if isinstance(data, (bytes, bytearray)) else 0,
             },
         )
+        context = span.get_span_context()
+        if not context.is_valid:
+            return None
+        # The W3C traceparent, as TraceContextTextMapPropagator writes it, without its per-call overhead.
+        span_id = format(context.span_id, "016x")
+        attributes[TRACEPARENT_ATTRIBUTE] = f"00-{context.trace_id:032x}-{span_id}-{context.trace_flags:02x}"
+        if context.trace_state:
+            attributes[CONTEXT_ATTRIBUTE_PREFIX + "tracestate"] = context.trace_state.to_header()
+        if not span.is_recording():
+            return None
         span.add_event("publish start")
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        for key, value in carrier.items():
-            attributes[CONTEXT_ATTRIBUTE_PREFIX + key] = value
-        span_id = format(span.get_span_context().span_id, "016x")
         with self._lock:
             self._open[span_id] = (span, short)
-        return span_id, span
+        return span_id
 
     def finish_create(self, span_id: str, error: BaseException | None) -> None:
         """End a create span that no batch ended (its publish raised, or its future failed without a
@@ -344,12 +356,15 @@ class PublisherTelemetry:
         """``PublisherClient.publish`` (bound) with a create span per message."""
 
         def traced(topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> Any:
-            span_id, _span = self.start_create(topic, data, ordering_key, attributes)
+            span_id = self.start_create(topic, data, ordering_key, attributes)
+            if span_id is None:
+                return publish(topic, data, ordering_key, **attributes)
             try:
                 future = publish(topic, data, ordering_key, **attributes)
             except BaseException as error:
                 self.finish_create(span_id, error)
                 raise
+            # Its batch ends the span; this ends it when no batch will (a paused key, a shutdown timeout).
             future.add_done_callback(lambda done: self.finish_create(span_id, _error_of(done)))
             return future
 
@@ -360,7 +375,9 @@ class PublisherTelemetry:
         """``AsyncPublisherClient.publish`` (bound) with a create span per message."""
 
         async def traced(topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> str:
-            span_id, _span = self.start_create(topic, data, ordering_key, attributes)
+            span_id = self.start_create(topic, data, ordering_key, attributes)
+            if span_id is None:
+                return await publish(topic, data, ordering_key, **attributes)
             try:
                 message_id = await publish(topic, data, ordering_key, **attributes)
             except BaseException as error:

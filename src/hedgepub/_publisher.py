@@ -7,7 +7,12 @@ which runs on one asyncio event loop. ``AsyncPublisherClient`` uses it on the ca
 The hot path is built for throughput:
 
 * ``publish`` validates, then adds the message straight into the raw ``PublishRequest`` of the open batch
-  (no proto-plus, no copy, no task per message), under one short lock;
+  (no proto-plus, no copy, no task per message), under that batch's own lock;
+* threads do not wait for each other: messages without an ordering key go into an open batch of the
+  publishing thread's own (per topic), found without any shared lock, so eight threads sharing one client
+  publish as fast as one. The publisher's lock is taken once per batch (to open it and to hand it to the
+  loop), not once per message. Messages with an ordering key share one batch per key whatever the thread,
+  so that a message published after another (in any thread) is never sent before it;
 * batches sealed or opened by another thread are handed to the loop through one queue, with at most one
   ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
 * a batch's futures are resolved together (see :mod:`hedgepub._futures`).
@@ -24,6 +29,7 @@ import concurrent.futures
 import enum
 import itertools
 import logging
+import os
 import threading
 import uuid
 import weakref
@@ -238,13 +244,17 @@ class _PublisherCore:
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
         self._max_latency = batch_settings.max_latency
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, str], Batch] = {}
+        #: Open batches: ``(topic, ordering_key)`` for ordered ones, ``(topic, "", thread id)`` for the
+        #: others (one per publishing thread). Changed under ``_lock``; read without it on the hot path.
+        self._open: dict[tuple[Any, ...], Batch] = {}
         self._events: list[Batch] = []
         self._wakeup_pending = False
         self._paused: set[tuple[str, str]] = set()
         self._keys: dict[tuple[str, str], _KeyQueue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
+        #: Batches handed to the engine and not finished yet (a forked child fails their copies).
+        self._sending: set[Batch] = set()
         self._send_queue: deque[Batch] = deque()
         self._overheads: dict[str, int] = {}
         self.state = ClientState.OPEN
@@ -260,6 +270,8 @@ class _PublisherCore:
         self._message_keys = itertools.count()
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
+        #: Why ``publish`` is refused once the state is no longer OPEN.
+        self.refusal = "publish() called after shutdown()"
 
     # ---- binding -------------------------------------------------------------------------------------
 
@@ -335,7 +347,7 @@ class _PublisherCore:
         Refuses a publisher that is shutting down first, before flow control could make the caller wait.
         """
         if self.state is not ClientState.OPEN:
-            raise RuntimeError("publish() called after shutdown()")
+            raise RuntimeError(self.refusal)
         if not isinstance(data, bytes):
             raise TypeError(f"data must be bytes; got {type(data).__name__}")
         if not isinstance(topic, str):
@@ -375,37 +387,87 @@ class _PublisherCore:
 
     def add(self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int) -> Any:
         """Put one validated message into its open batch and return its future."""
+        if not ordering_key:
+            # The fast path: this thread's own open batch, found without the publisher's lock.
+            batch = self._open.get((topic, "", threading.get_ident()))
+            if batch is not None:
+                future = self._append(batch, data, message, size, framed)
+                if future is not None:
+                    return future
+        return self._add_slow(topic, data, ordering_key, message, size, framed)
+
+    def _append(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
+        """Add the message to ``batch`` if it is open with room, and return its future (``None`` if not).
+
+        Seals the batch when it is full, and hands it to the loop. Never called holding ``_lock``: the
+        order is ``_lock``, then a batch's lock.
+        """
+        with batch.lock:
+            if batch.state is not BatchState.OPEN or batch.byte_size + framed > self._max_bytes:
+                return None
+            future = self._put(batch, data, message, size, framed)
+            full = len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes
+        if full:
+            # Sealed under the publisher's lock, as every seal is, so that shutdown (which seals what is
+            # open and then drains, under that lock) never misses a batch sealed at the same moment. No
+            # other thread adds to this batch meanwhile: it is this thread's own.
+            schedule = False
+            with self._lock:
+                self._seal_locked(batch)
+                if self._events and not self._wakeup_pending:
+                    self._wakeup_pending = schedule = True
+            if schedule:
+                self._wake_loop()
+        return future
+
+    def _put(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
+        """Write the message into ``batch`` and make its future (holding the batch's lock)."""
+        if message is None:
+            batch.add_message(data=data)
+        else:
+            batch.append_message(message)
+        batch.byte_size += framed
+        batch.flow_bytes += size
+        if self.sync_futures:
+            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
+        else:
+            future = self._loop.create_future()  # type: ignore[union-attr]
+        batch.futures.append(future)
+        return future
+
+    def _add_slow(
+        self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
+    ) -> Any:
+        """:meth:`add` when a batch must be opened (or the message has an ordering key)."""
         schedule = False
         with self._lock:
             if self.state is not ClientState.OPEN:
-                raise RuntimeError("publish() called after shutdown()")
-            key = (topic, ordering_key)
-            if ordering_key and key in self._paused:
-                return self._paused_future(ordering_key)
+                raise RuntimeError(self.refusal)
+            key: tuple[Any, ...]
+            if ordering_key:
+                key = (topic, ordering_key)
+                if key in self._paused:
+                    return self._paused_future(ordering_key)
+            else:
+                key = (topic, "", threading.get_ident())
             batch = self._open.get(key)
             if batch is not None and batch.byte_size + framed > self._max_bytes:
-                self._seal_locked(key, batch)
+                self._seal_locked(batch)
                 batch = None
             if batch is None:
                 batch = Batch(
-                    topic, ordering_key, f"{self._id_prefix}-{next(self._batch_numbers)}", self.sync_futures
+                    topic,
+                    ordering_key,
+                    f"{self._id_prefix}-{next(self._batch_numbers)}",
+                    self.sync_futures,
+                    open_key=key,
                 )
                 self._open[key] = batch
                 self._events.append(batch)  # to arm its latency timer
-            if message is None:
-                batch.add_message(data=data)
-            else:
-                batch.append_message(message)
-            batch.byte_size += framed
-            batch.flow_bytes += size
-            if self.sync_futures:
-                future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
-            else:
-                future = self._loop.create_future()  # type: ignore[union-attr]
-            futures = batch.futures
-            futures.append(future)
-            if len(futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
-                self._seal_locked(key, batch)
+            with batch.lock:
+                future = self._put(batch, data, message, size, framed)
+            if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
+                self._seal_locked(batch)
             if self._events and not self._wakeup_pending:
                 self._wakeup_pending = schedule = True
         if schedule:
@@ -429,9 +491,14 @@ class _PublisherCore:
         self.stats_recorder.record_failed(1)
         return future
 
-    def _seal_locked(self, key: tuple[str, str], batch: Batch) -> None:
-        del self._open[key]
-        batch.state = BatchState.SEALED
+    def _seal_locked(self, batch: Batch) -> None:
+        """Seal ``batch`` and hand it to the loop (holding ``_lock``), unless it is sealed already."""
+        if self._open.get(batch.open_key) is batch:
+            del self._open[batch.open_key]
+        with batch.lock:
+            if batch.state is not BatchState.OPEN:
+                return
+            batch.state = BatchState.SEALED
         self._events.append(batch)
 
     def _wake_loop(self) -> None:
@@ -449,8 +516,8 @@ class _PublisherCore:
         """Seal every open batch (from any thread): flow control is about to make a caller wait."""
         schedule = False
         with self._lock:
-            for key, batch in list(self._open.items()):
-                self._seal_locked(key, batch)
+            for batch in list(self._open.values()):
+                self._seal_locked(batch)
             if self._events and not self._wakeup_pending:
                 self._wakeup_pending = schedule = True
         if schedule:
@@ -476,12 +543,12 @@ class _PublisherCore:
 
     def _expire(self, batch: Batch) -> None:
         with self._lock:
-            if batch.state is not BatchState.OPEN:
-                return
-            key = (batch.topic, batch.ordering_key)
-            if self._open.get(key) is batch:
-                del self._open[key]
-            batch.state = BatchState.SEALED
+            if self._open.get(batch.open_key) is batch:
+                del self._open[batch.open_key]
+            with batch.lock:
+                if batch.state is not BatchState.OPEN:
+                    return  # sealed (full) since: it is on its way to the loop already
+                batch.state = BatchState.SEALED
         batch.timer = None
         self._dispatch(batch)
 
@@ -509,6 +576,7 @@ class _PublisherCore:
             return
         self._in_flight += 1
         batch.state = BatchState.SENDING
+        self._sending.add(batch)
         task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -518,6 +586,7 @@ class _PublisherCore:
             await self._publish(batch)
         finally:
             self._in_flight -= 1
+            self._sending.discard(batch)
             if self._send_queue:
                 self._start(self._send_queue.popleft())
 
@@ -649,7 +718,8 @@ class _PublisherCore:
             self._paused.add(key)
             open_batch = self._open.pop(key, None)
             if open_batch is not None:
-                open_batch.state = BatchState.SEALED
+                with open_batch.lock:
+                    open_batch.state = BatchState.SEALED
         queue = self._keys.pop(key, None)
         waiting = list(queue.waiting) if queue is not None else []
         if open_batch is not None:
@@ -665,6 +735,31 @@ class _PublisherCore:
         """Accept messages on a paused ordering key again (any thread)."""
         with self._lock:
             self._paused.discard((topic, ordering_key))
+
+    def abandon_after_fork(self, error: PublishError, refusal: str) -> None:
+        """In a child process just forked: fail every inherited future and refuse new messages.
+
+        The messages belong to the parent, which publishes them; their copies here can never learn the
+        outcome. Only the forking thread exists in the child, so the locks (which a thread that is gone
+        may have held at the fork) are replaced rather than taken, and so is each batch's condition.
+        """
+        self._lock = threading.Lock()
+        self.state = ClientState.CLOSED
+        self.refusal = refusal
+        batches = [*self._open.values(), *self._events, *self._send_queue, *self._sending]
+        for queue in self._keys.values():
+            batches += queue.waiting
+        self._open, self._events, self._send_queue, self._sending, self._keys = {}, [], deque(), set(), {}
+        for batch in {id(batch): batch for batch in batches}.values():
+            if batch.state is BatchState.DONE:
+                continue
+            batch.state = BatchState.DONE
+            batch.lock = threading.Lock()
+            if batch.condition is not None:
+                batch.condition = threading.Condition()
+                for future in batch.futures:
+                    future._condition = batch.condition
+            resolve_batch(batch.futures, batch.condition, error=error)
 
     def gauge_values(self) -> tuple[float, float]:
         """(tokens in the bucket, hedge delay in seconds) now; zeros without hedging (any thread)."""
@@ -693,8 +788,8 @@ class _PublisherCore:
         deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
         with self._lock:
             self.state = ClientState.CLOSING
-            for key, batch in list(self._open.items()):
-                self._seal_locked(key, batch)
+            for batch in list(self._open.values()):
+                self._seal_locked(batch)
         self.flow.close()
         self._drain()
         try:
@@ -802,7 +897,8 @@ class _ClientFacade:
             arguments = translate(
                 {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
             )
-        self._core = _PublisherCore(
+        #: What the core was built from (a forked child builds a fresh one from it).
+        self._core_arguments = dict(
             **arguments,
             transport=transport,
             clock=clock,
@@ -813,6 +909,7 @@ class _ClientFacade:
             root_certificates=root_certificates,
             meter_provider=meter_provider,
         )
+        self._core = _PublisherCore(**self._core_arguments)
         telemetry = self._core.telemetry
         if telemetry is not None:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
@@ -945,6 +1042,29 @@ class PublisherClient(_ClientFacade):
         # client, so the finalizer does not keep the client alive.
         self._finalizer = weakref.finalize(self, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
+        _SYNC_CLIENTS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """This process was just forked from the one that made the client (see :data:`FORK_REFUSAL`).
+
+        The loop thread did not survive the fork. If the client never connected (its gRPC channel opens
+        on the first publish), the child gets a fresh core and loop thread and publishes on its own;
+        otherwise the client refuses to publish, at once, with :data:`FORK_REFUSAL`. Either way the
+        futures inherited from the parent fail at once, and nothing waits for the lost thread, neither
+        ``shutdown()`` nor the flush at exit.
+        """
+        self._finalizer.detach()
+        self._runner.abandon()
+        core = self._core
+        error = PublishError(
+            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+            "future, in the child, cannot learn the outcome"
+        )
+        reusable = core.state is ClientState.OPEN and not core.routes.connected
+        core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
+        if reusable:
+            self._core = _PublisherCore(**self._core_arguments)
+            self._start()
 
     def publish(
         self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
@@ -992,6 +1112,32 @@ class PublisherClient(_ClientFacade):
 #: The loop threads of every sync client not shut down yet, for _flush_at_exit.
 _OPEN_RUNNERS: set[_LoopThread] = set()
 _OPEN_RUNNERS_LOCK = threading.Lock()
+#: Every sync client alive, for _after_fork_in_child.
+_SYNC_CLIENTS: weakref.WeakSet[PublisherClient] = weakref.WeakSet()
+
+#: Why a forked child may not publish with a client whose gRPC channel was open at the fork.
+FORK_REFUSAL = (
+    "this PublisherClient had connected (published) before os.fork(): gRPC cannot go on in a child "
+    "forked from a process with open channels. Create the client in the child, or create it before the "
+    "fork but publish only after it (gunicorn --preload, multiprocessing and Celery prefork pools work "
+    "that way), or shut it down before forking"
+)
+
+
+def _after_fork_in_child() -> None:
+    """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
+    global _OPEN_RUNNERS_LOCK
+    _OPEN_RUNNERS_LOCK = threading.Lock()  # a thread that is gone may have held it
+    _OPEN_RUNNERS.clear()  # their threads are gone: nothing to flush at exit from the parent's clients
+    for client in list(_SYNC_CLIENTS):
+        try:
+            client._after_fork_in_child()
+        except Exception:  # one client's trouble must not break the others, nor the fork
+            _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _LoopThread:
@@ -1043,6 +1189,13 @@ class _LoopThread:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 self._thread.join()
                 self.loop.close()
+
+    def abandon(self) -> None:
+        """In a forked child: the thread is gone; never wait for it, nor use its loop (whose wake-up
+        socket is shared with the parent's)."""
+        self._lock = threading.Lock()
+        self._stopped = True
+        self._shutdown = None
 
     def close(self, timeout: float | None) -> None:
         """Shut the core down, wait for every future, stop the thread. Safe to call more than once."""

@@ -281,6 +281,12 @@ _PLOT_CASES = {
         name: [5.0 + (i % 13) / 10 + shift if i % 50 else 300.0 + shift for i in range(1000)]
         for name, shift in (("unhedged", 0.0), ("hedged", 0.1), ("adaptive", 0.2))
     },
+    "six-long-names": {
+        name: [5.0 + (i % 13) / 10 + index if i % 20 else 1234.5 + index for i in range(400)]
+        for index, name in enumerate(
+            ("unhedged", "fixed-100ms", "fixed-1000ms", "adaptive", "cross_endpoint", "fixed-250ms")
+        )
+    },
 }
 
 

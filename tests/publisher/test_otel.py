@@ -7,6 +7,7 @@ state is touched.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -233,3 +234,15 @@ def test_off_unless_asked_and_on_through_the_official_options(
         assert "publish" in vars(traced) and traced._core.telemetry is not None
     with pytest.raises(ValueError, match="enable_open_telemetry=True"):
         PublisherClient(tracer_provider=telemetry.tracer_provider)
+
+
+def test_without_the_extra_enabling_says_what_to_install(
+    server: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if opentelemetry-api were not installed: importing it fails.
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    monkeypatch.delitem(sys.modules, "hedgepub._otel", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'hedgepub\[otel\]'"):
+        PublisherClient(enable_open_telemetry=True)
+    with PublisherClient() as plain:  # off: never imports it
+        assert plain._core.telemetry is None

@@ -66,10 +66,11 @@ class ServerProcess:
     The same port is reused at every restart, so a publisher's channel reconnects by itself.
     """
 
-    def __init__(self, port: int, data_dir: Path, log_path: Path) -> None:
+    def __init__(self, port: int, data_dir: Path, log_path: Path, *, in_memory: bool = False) -> None:
         self.port = port
         self.data_dir = data_dir
         self.log_path = log_path
+        self.in_memory = in_memory
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -84,8 +85,9 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts + 1}\n".encode())
             log.flush()
+            store = ["--in-memory"] if self.in_memory else ["--data-dir", str(self.data_dir)]
             self.process = subprocess.Popen(
-                [*CLI, "serve", "--host", HOST, "--port", str(self.port), "--data-dir", str(self.data_dir)],
+                [*CLI, "serve", "--host", HOST, "--port", str(self.port), *store],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,
@@ -100,6 +102,14 @@ class ServerProcess:
                 pytest.fail(f"server did not accept connections within {timeout} s:\n{self.log()}")
             time.sleep(0.02)
         return time.monotonic() - started
+
+    def rss_bytes(self) -> int:
+        """The server process's resident memory now (VmRSS, Linux)."""
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc status")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash or an out-of-memory kill."""

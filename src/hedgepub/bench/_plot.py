@@ -34,6 +34,8 @@ _LABEL_FONT = 8.0
 _GAP_PT = 8.0
 _COLUMN_GAP_PT = 10.0
 _FIGURE_SIZE = (9.0, 5.5)
+#: inches for the axes and their labels, left of the percentile table
+_PLOT_WIDTH_IN = 6.8
 _DPI = 110
 
 
@@ -111,7 +113,9 @@ def latency_cdf_figure(
     axes.grid(True, which="minor", axis="x", alpha=0.12)
     if shown:
         axes.legend(loc="lower right")
-    _percentile_table(axes, {name: results.get(name, {}) for name in shown}, colours)
+    table_pt = _percentile_table(axes, {name: results.get(name, {}) for name in shown}, colours)
+    # the figure widens with the table, so that more publishers do not squeeze the plot itself
+    figure.set_figwidth(max(_FIGURE_SIZE[0], _PLOT_WIDTH_IN + table_pt / 72.0))
     _titles(figure, title, subtitle)
     return figure
 
@@ -120,10 +124,11 @@ def _percentile_table(
     axes: Any,
     results: Mapping[str, Mapping[str, Any]],
     colours: Mapping[str, str],
-) -> None:
+) -> float:
     """Percentile rows at their grid lines, right of the axes: a label column, then one per publisher.
 
     Column widths are measured with the renderer, so no column overlaps the next whatever the values.
+    Returns the table's width in points.
     """
     from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
@@ -158,6 +163,7 @@ def _percentile_table(
                 )  # fmt: skip
             width_pt = max(width_pt, artist.get_window_extent(renderer).width * 72.0 / figure.dpi)
         offset_pt += width_pt + _COLUMN_GAP_PT
+    return offset_pt
 
 
 def _titles(figure: Any, title: str, subtitle: str | None) -> None:

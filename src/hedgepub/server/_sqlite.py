@@ -11,6 +11,7 @@ killed, not a power cut; ``synchronous="FULL"`` survives both, at the cost of an
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import queue
 import sqlite3
@@ -60,7 +61,12 @@ class SqliteStore:
     """
 
     def __init__(
-        self, path: str | Path, *, synchronous: str = "NORMAL", keep_unsubscribed: bool = False
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "NORMAL",
+        keep_unsubscribed: bool = False,
+        cache_messages: int = 10_000,
     ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA; got {synchronous!r}")
@@ -81,6 +87,10 @@ class SqliteStore:
         self._writer_thread: threading.Thread | None = None
         self._closed = False
         self._commits_since_vacuum_check = 0
+        # Messages parsed for recent pages, shared by every subscription that reads them: with many
+        # subscriptions on one topic, one parsed copy serves all of them instead of one copy each.
+        self._parsed: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._cache_messages = cache_messages
         self.commits = 0  # transactions committed, for tests and benchmarks of group commit
 
     def _connect(self) -> sqlite3.Connection:
@@ -154,7 +164,16 @@ class SqliteStore:
             (identifier, after, limit),
         ).fetchall()
         parse = PubsubMessage.FromString
-        return [(sequence, parse(body)) for sequence, body in rows]
+        cache = self._parsed
+        page = []
+        for sequence, body in rows:
+            message = cache.get(sequence)
+            if message is None:
+                message = cache[sequence] = parse(body)
+                if len(cache) > self._cache_messages:
+                    cache.popitem(last=False)
+            page.append((sequence, message))
+        return page
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on ``topic``, in publish order (reads what has been committed).
@@ -333,6 +352,7 @@ class SqliteStore:
     async def clear(self) -> None:
         """Delete everything (message sequence numbers keep growing)."""
         self._ids.clear()
+        self._parsed.clear()
 
         def operation(connection: sqlite3.Connection) -> None:
             _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")

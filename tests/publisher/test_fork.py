@@ -1,0 +1,183 @@
+"""A PublisherClient made before os.fork(), used in the child: it works or refuses at once, never hangs.
+
+Each scenario runs in a fresh interpreter (the test process runs gRPC servers on threads, which a forked
+copy of it could not use), against the local server of this test, under a time limit: a hang fails the
+test instead of blocking the suite. The child ends through the interpreter's normal exit, so the implicit
+flush at exit is part of what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hedgepub.bench import AdminClient
+from hedgepub.server import LocalServer
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() is POSIX only")
+
+#: Seconds a scenario may take in all; each does a few publishes on a local server.
+LIMIT = 60
+
+_PRELUDE = """
+import json, multiprocessing, os, sys, time
+from hedgepub import BatchSettings, PublishError, PublisherClient
+
+address, topic = sys.argv[1], sys.argv[2]
+report = {}
+
+
+def child_report(path, body):
+    # the child writes what it saw to a file; sys.exit runs the interpreter's normal exit, flush included
+    started = time.monotonic()
+    seen = {}
+    try:
+        body(seen)
+    except BaseException as error:
+        seen["crashed"] = repr(error)
+    seen["seconds"] = round(time.monotonic() - started, 3)
+    with open(path, "w") as file:
+        json.dump(seen, file)
+"""
+
+
+def _run(server: LocalServer, topic: str, tmp_path: object, script: str) -> dict[str, object]:
+    code = _PRELUDE + textwrap.dedent(script) + "\nprint(json.dumps(report))\n"
+    env = {**os.environ, "HEDGEPUB_REPORT_DIR": str(tmp_path)}
+    # A session of its own, so that a hang can be ended with its forked children, not only the script.
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, server.address, topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"the scenario hung: still running after {LIMIT} s")
+    assert process.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def topic(pubsub_server: LocalServer) -> str:
+    name = "projects/test-project/topics/forked"
+    with AdminClient(pubsub_server.address) as admin:
+        admin.create_topic(name)
+    return name
+
+
+def _stored(server: LocalServer, topic: str) -> list[bytes]:
+    return sorted(message.data for message in server.messages(topic))
+
+
+def test_a_client_that_never_published_works_in_the_forked_child(
+    pubsub_server: LocalServer, topic: str, tmp_path: object
+) -> None:
+    report = _run(
+        pubsub_server,
+        topic,
+        tmp_path,
+        """
+        publisher = PublisherClient(endpoint=address)  # made before the fork, as gunicorn --preload does
+        path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child.json")
+        pid = os.fork()
+        if pid == 0:
+            def body(seen):
+                seen["ids"] = [publisher.publish(topic, b"child-%d" % n).result(timeout=20) for n in range(3)]
+                publisher.publish(topic, b"child-left-to-exit")  # flushed by the implicit shutdown at exit
+            child_report(path, body)
+            sys.exit(0)
+        report["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        report["child"] = json.load(open(path))
+        report["parent"] = publisher.publish(topic, b"parent").result(timeout=20)
+        publisher.shutdown()
+        """,
+    )
+    assert report["child_status"] == 0
+    child = report["child"]
+    assert "crashed" not in child, child
+    assert len(set(child["ids"])) == 3  # type: ignore[arg-type, index]
+    assert _stored(pubsub_server, topic) == [
+        b"child-0",
+        b"child-1",
+        b"child-2",
+        b"child-left-to-exit",
+        b"parent",
+    ]
+
+
+def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(
+    pubsub_server: LocalServer, topic: str, tmp_path: object
+) -> None:
+    report = _run(
+        pubsub_server,
+        topic,
+        tmp_path,
+        """
+        publisher = PublisherClient(endpoint=address, batch_settings=BatchSettings(max_latency=1.0))
+        publisher.publish(topic, b"before").result(timeout=20)  # the channel is open now
+        pending = publisher.publish(topic, b"pending-at-fork")  # its batch waits 1 s for more
+        path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child.json")
+        pid = os.fork()
+        if pid == 0:
+            def body(seen):
+                seen["inherited_done"] = pending.done()
+                seen["inherited_error"] = repr(pending.exception(timeout=0))
+                try:
+                    publisher.publish(topic, b"from-child")
+                except RuntimeError as error:
+                    seen["refused"] = str(error)
+                publisher.shutdown()  # returns at once: nothing to wait for here
+                seen["stats_published"] = publisher.stats().messages_published
+            child_report(path, body)
+            sys.exit(0)
+        report["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        report["child"] = json.load(open(path))
+        report["parent_pending"] = pending.result(timeout=20)
+        publisher.shutdown()
+        """,
+    )
+    assert report["child_status"] == 0
+    child = report["child"]
+    assert child["inherited_done"] is True, child  # type: ignore[index]
+    assert "before os.fork()" in child["inherited_error"]  # type: ignore[index, operator]
+    assert "os.fork()" in child["refused"] and "Create the client in the child" in child["refused"]  # type: ignore[index, operator]
+    assert child["seconds"] < 5  # type: ignore[index, operator]
+    # The parent still owns the pending message and publishes it, once.
+    assert _stored(pubsub_server, topic) == [b"before", b"pending-at-fork"]
+
+
+def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(
+    pubsub_server: LocalServer, topic: str, tmp_path: object
+) -> None:
+    report = _run(
+        pubsub_server,
+        topic,
+        tmp_path,
+        """
+        publisher = PublisherClient(endpoint=address)
+
+
+        def work(number):
+            return publisher.publish(topic, b"worker-%d" % number).result(timeout=20)
+
+
+        if __name__ == "__main__":
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                report["ids"] = pool.map(work, range(6))
+            publisher.shutdown()
+        """,
+    )
+    assert len(set(report["ids"])) == 6  # type: ignore[arg-type]
+    assert _stored(pubsub_server, topic) == [b"worker-%d" % number for number in range(6)]
