@@ -184,3 +184,46 @@ def test_the_retry_policy_spaces_redeliveries(
     first, second = push_endpoint.requests[:2]
     assert second.at - first.at >= 0.95  # the retry policy's back-off, not the 100 ms push back-off
     assert server.wait_until_idle(timeout=10)
+
+
+def test_no_answer_within_the_ack_deadline_is_a_nack(
+    push_endpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first push gets no answer for longer than the ack deadline (10 s): the message is pushed again."""
+    with LocalServer(in_memory=True) as local:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
+        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        publisher.create_topic(name=TOPIC)
+        push_endpoint.delays = [11.0]
+        subscriber.create_subscription(
+            request={
+                "name": SUBSCRIPTION,
+                "topic": TOPIC,
+                "ack_deadline_seconds": 10,
+                "push_config": {"push_endpoint": push_endpoint.url},
+            }
+        )
+        message_id = publisher.publish(TOPIC, b"slow").result(timeout=30)
+        assert push_endpoint.wait_for(lambda requests: len(requests) >= 2, timeout=30)
+        first, second = push_endpoint.requests[:2]
+        assert json.loads(first.body)["message"]["messageId"] == message_id
+        assert json.loads(second.body)["message"]["messageId"] == message_id
+        assert second.at - first.at >= 9.9
+        assert local.wait_until_idle(timeout=10)
+        publisher.stop()
+        subscriber.close()
+
+
+def test_push_subscriptions_refuse_exactly_once_delivery(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    publisher.create_topic(name=TOPIC)
+    with pytest.raises(exceptions.InvalidArgument, match="Exactly-once delivery is not supported for push"):
+        subscriber.create_subscription(
+            request={
+                "name": SUBSCRIPTION,
+                "topic": TOPIC,
+                "push_config": {"push_endpoint": "http://127.0.0.1:9/push"},
+                "enable_exactly_once_delivery": True,
+            }
+        )
