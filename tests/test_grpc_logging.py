@@ -70,3 +70,28 @@ def test_serve_on_a_taken_port_prints_one_clean_line(busy_port: int) -> None:
         f"Error: cannot start the server on 127.0.0.1:{busy_port}: cannot listen on 127.0.0.1:{busy_port} "
         "(in use, or not an address of this machine)"
     ]
+
+
+def test_serve_with_vv_shows_them(busy_port: int) -> None:
+    completed = _run(
+        [sys.executable, "-m", "hedgepub", "-vv", "serve", "--port", str(busy_port), "--in-memory"]
+    )
+    assert completed.returncode == 1
+    assert "add_port" in completed.stderr  # asked for: gRPC's own line, then the clean one
+    assert any(line.startswith("Error: cannot start the server on") for line in completed.stderr.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/usr/bin/hedgepub", "-vv", "serve"], 2),
+        (["-m", "-v", "--verbose", "-v", "bench"], 3),
+        (["hedgepub", "serve", "-vv"], 0),  # after the sub-command: not the group's option
+        (["hedgepub", "-v", "serve"], 1),
+        (["/usr/bin/python3", "-vv"], 0),  # another program
+    ],
+)
+def test_the_command_line_verbosity_is_read_before_the_sub_command(argv: list[str], expected: int) -> None:
+    from hedgepub._grpc_logging import command_line_verbosity
+
+    assert command_line_verbosity(argv) == expected
