@@ -35,11 +35,13 @@ class _QuietServer(ThreadingHTTPServer):
 class PushEndpoint:
     """An HTTP/1.1 server on an ephemeral port of 127.0.0.1 that records every POST.
 
-    It answers ``status`` (settable at any time: 200 to acknowledge, 500 to refuse).
+    It answers ``status`` (settable at any time: 200 to acknowledge, 500 to refuse), each answer after
+    the next of ``delays`` (seconds; none once they are used up).
     """
 
     def __init__(self) -> None:
         self.status = 200
+        self.delays: list[float] = []
         self.requests: list[PushRequest] = []
         self._changed = threading.Condition()
         endpoint = self
@@ -51,10 +53,13 @@ class PushEndpoint:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status = endpoint.status
                 with endpoint._changed:
+                    delay = endpoint.delays.pop(0) if endpoint.delays else 0.0
                     endpoint.requests.append(
                         PushRequest(self.path, dict(self.headers.items()), body, time.monotonic(), status)
                     )
                     endpoint._changed.notify_all()
+                if delay:
+                    time.sleep(delay)  # an endpoint that is slow to answer
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

@@ -24,8 +24,9 @@ so that the same dashboards and the official subscriber's traces line up:
 * ``"<topic> publish attempt"`` (CLIENT), a child of the batch span for every RPC sent (the original, its
   retries, each hedge), with ``rpc.system=grpc``, ``rpc.service``, ``rpc.method``,
   ``hedgepub.attempt.number`` (0 for the original and its retries, k for hedge k),
-  ``hedgepub.attempt.hedge``, ``hedgepub.attempt.status`` (``OK``, a status code name, or ``CANCELLED``
-  for a loser cancelled once another attempt won) and ``hedgepub.attempt.won``.
+  ``hedgepub.attempt.hedge``, ``hedgepub.attempt.endpoint`` (where it went: ``host:port``, see
+  ``hedge_endpoints``), ``hedgepub.attempt.status`` (``OK``, a status code name, or ``CANCELLED`` for a loser
+  cancelled once another attempt won) and ``hedgepub.attempt.won``.
 
 Metrics (meter ``hedgepub``), each with ``messaging.destination.name`` where it is about a topic:
 
@@ -135,9 +136,11 @@ class BatchTrace:
         self._attempts: list[_AttemptRecord] = []
 
     def wrap(
-        self, attempt: Callable[[int, float], Awaitable[Sequence[str]]]
+        self,
+        attempt: Callable[[int, float], Awaitable[Sequence[str]]],
+        endpoint_of: Callable[[int], str] | None = None,
     ) -> Callable[[int, float], Awaitable[Sequence[str]]]:
-        """``attempt`` with a span around each call."""
+        """``attempt`` with a span around each call; ``endpoint_of(attempt_number)`` names where it goes."""
         tracer = self._telemetry.tracer
         name = f"{self._short} publish attempt"
 
@@ -153,6 +156,7 @@ class BatchTrace:
                     "hedgepub.attempt.number": attempt_number,
                     "hedgepub.attempt.hedge": attempt_number > 0,
                     "hedgepub.attempt.timeout_s": timeout,
+                    "hedgepub.attempt.endpoint": endpoint_of(attempt_number) if endpoint_of else "",
                 },
             )
             record = _AttemptRecord(span, attempt_number)

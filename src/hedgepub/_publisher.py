@@ -625,7 +625,9 @@ class _PublisherCore:
                 return ids
 
             outcome = await run_batch(
-                attempt if traced is None else traced.wrap(attempt),
+                attempt
+                if traced is None
+                else traced.wrap(attempt, lambda n: routes.labels[routes.index_for(n)]),
                 message_count=len(batch.futures),
                 retry=self.retry,
                 hedging=self.hedging,
@@ -826,6 +828,22 @@ class _PublisherCore:
 _DEFAULT_BATCH = BatchSettings()
 _DEFAULT_RETRY = RetrySettings()
 _DEFAULT_FLOW = FlowControlSettings()
+#: The official PublisherClient's admin methods, which hedgepub's clients leave to it.
+_OFFICIAL_ADMIN_METHODS = frozenset(
+    {
+        "create_topic",
+        "delete_topic",
+        "detach_subscription",
+        "get_iam_policy",
+        "get_topic",
+        "list_topic_snapshots",
+        "list_topic_subscriptions",
+        "list_topics",
+        "set_iam_policy",
+        "test_iam_permissions",
+        "update_topic",
+    }
+)
 #: What each constructor argument is when not given, so that official arguments can fill it (or clash).
 _FACADE_DEFAULTS: dict[str, Any] = {
     "hedging_settings": None,
@@ -926,6 +944,30 @@ class _ClientFacade:
         """Run once the core exists (the sync client starts its loop thread here)."""
 
     topic_path = staticmethod(topic_path)
+
+    @classmethod
+    def from_service_account_file(
+        cls, filename: str, batch_settings: Any = _DEFAULT_BATCH, **kwargs: Any
+    ) -> Any:
+        """A client authenticated as the service account whose JSON key is ``filename`` (the official
+        client's constructor of the same name; ``from_service_account_json`` is the same)."""
+        from google.oauth2 import service_account
+
+        from hedgepub._transport import SCOPES
+
+        kwargs["credentials"] = service_account.Credentials.from_service_account_file(filename, scopes=SCOPES)
+        return cls(batch_settings=batch_settings, **kwargs)
+
+    from_service_account_json = from_service_account_file
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the client lacks: say where the official client's other methods went.
+        if name in _OFFICIAL_ADMIN_METHODS:
+            raise AttributeError(
+                f"{type(self).__name__} publishes only; {name}() is an admin call of the official client: "
+                f"use google.cloud.pubsub_v1.PublisherClient().{name}(...) for it"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def resume_publish(self, topic: str, ordering_key: str) -> None:
         """Resume publishing on ``ordering_key`` after a failure paused it."""

@@ -170,3 +170,22 @@ def test_the_installed_command_reports_errors_by_exit_code(closed_port) -> None:
     assert completed.returncode == EXIT_UNREACHABLE
     assert "cannot reach" in completed.stderr
     assert completed.stdout == ""
+
+
+def test_a_push_subscription_is_created_with_its_endpoint(pubsub_server, hedgepub_cli, push_endpoint) -> None:
+    assert hedgepub_cli("topics", "create", "orders").exit_code == 0
+    created = hedgepub_cli(
+        "subscriptions", "create", "webhook", "--topic", "orders", "--push-endpoint", push_endpoint.url
+    )
+    assert created.exit_code == 0, created.output
+    published = hedgepub_cli("publish", "orders", "hello")
+    assert published.exit_code == 0, published.output
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 1)
+    body = json.loads(push_endpoint.requests[0].body)
+    assert body["subscription"] == f"projects/{PROJECT}/subscriptions/webhook"
+    assert body["message"]["messageId"] == published.stdout.split()[0]
+    refused = hedgepub_cli(
+        "subscriptions", "create", "other", "--topic", "orders", "--push-endpoint", "ftp://x"
+    )
+    assert refused.exit_code == 1
+    assert "push_endpoint" in refused.output

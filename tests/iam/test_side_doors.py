@@ -85,7 +85,7 @@ def _nack_until_forwarded_or(subscriber: Any, subscription: str, rounds: int) ->
     attempts = []
     for _ in range(rounds):
         response = subscriber.pull(
-            request={"subscription": subscription, "max_messages": 10}, metadata=ADMIN, timeout=5
+            request={"subscription": subscription, "max_messages": 10}, metadata=ADMIN, timeout=1.5
         )
         if not response.received_messages:
             break

@@ -52,6 +52,7 @@ from hedgepub.server import IamConfig, IamEnforcer, LocalServer, ServiceError
 PROJECT = "tls-project"
 TOPIC = f"projects/{PROJECT}/topics/orders"
 PUBLISHER = "serviceAccount:publisher@tls-project.iam.gserviceaccount.com"
+ADMIN_BINDING = {"role": "roles/pubsub.admin", "members": ["user:admin@example.com"]}
 ADMIN_TOKEN = "t-admin"
 #: How long an issued token is accepted by the server.
 TOKEN_LIFETIME = datetime.timedelta(seconds=1.0)
@@ -348,3 +349,38 @@ def test_hedgepub_serve_needs_both_tls_files(certificates: Certificates) -> None
     result = CliRunner().invoke(main, ["serve", "--in-memory", "--tls-cert", str(certificates.cert)])
     assert result.exit_code == 2
     assert "--tls-cert and --tls-key go together" in result.output
+
+
+def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certificates) -> None:
+    iam = IamConfig({ADMIN_TOKEN: "user:admin@example.com"}, {"bindings": [ADMIN_BINDING]})
+    with LocalServer(in_memory=True, iam=iam, tls_cert=certificates.cert, tls_key=certificates.key) as server:
+        runner = CliRunner()
+        connection = ["--endpoint", f"https://{server.address}", "--project", PROJECT, "--timeout", "5"]
+        trusted = [*connection, "--root-certificates", str(certificates.ca), "--access-token", ADMIN_TOKEN]
+        for command in (
+            ["topics", "create", "orders"],
+            ["publish", "orders", "over TLS"],
+            ["topics", "list"],
+        ):
+            result = runner.invoke(main, [*command, *trusted])
+            assert result.exit_code == 0, f"{command}: {result.output}"
+        assert [message.data for message in server.messages(TOPIC)] == [b"over TLS"]
+        # the system's roots do not know the throwaway CA: no connection
+        untrusted = runner.invoke(main, ["topics", "list", *connection, "--access-token", ADMIN_TOKEN])
+        assert untrusted.exit_code == 3, untrusted.output
+
+
+def test_the_toolbox_over_tls_without_a_token_sends_no_credentials(
+    certificates: Certificates, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No token: nothing is sent, as over plain text; Application Default Credentials are not looked up
+    # (a lookup would fail the command: there are none here).
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/adc.json")
+    with LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key) as server:
+        runner = CliRunner()
+        options = ["--endpoint", f"https://{server.address}", "--project", PROJECT]
+        options += ["--root-certificates", str(certificates.ca)]
+        assert runner.invoke(main, ["topics", "create", "orders", *options]).exit_code == 0
+        result = runner.invoke(main, ["publish", "orders", "anonymous", *options])
+        assert result.exit_code == 0, result.output
+        assert [message.data for message in server.messages(TOPIC)] == [b"anonymous"]

@@ -8,7 +8,9 @@ only difference is the class, plus ``hedging_settings=`` for hedgepub.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +212,45 @@ def test_per_message_retry_and_timeout_are_refused_with_advice(server: LocalServ
         for name in ("retry", "timeout"):
             with pytest.raises(TypeError, match=r"retry_settings=hedgepub\.RetrySettings"):
                 publisher.publish(topic, b"x", **{name: 5.0})
+
+
+def test_from_service_account_file_as_in_the_official_client(server: LocalServer, tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    key_file = tmp_path / "key.json"
+    key_file.write_text(
+        json.dumps(
+            {
+                "type": "service_account",
+                "project_id": "test-project",
+                "private_key_id": "1",
+                "private_key": pem,
+                "client_email": "publisher@test-project.iam.gserviceaccount.com",
+                "token_uri": "https://oauth2.example.com/token",
+            }
+        )
+    )
+    publisher = hedgepub.PublisherClient.from_service_account_json(
+        str(key_file), pubsub_v1.types.BatchSettings(max_messages=5)
+    )
+    try:
+        assert (
+            publisher._core._credentials.service_account_email
+            == "publisher@test-project.iam.gserviceaccount.com"
+        )
+        assert publisher._core.batch_settings.max_messages == 5
+    finally:
+        publisher.shutdown()
+
+
+def test_admin_methods_point_to_the_official_client(server: LocalServer) -> None:
+    with hedgepub.PublisherClient() as publisher:
+        with pytest.raises(AttributeError, match=r"pubsub_v1\.PublisherClient\(\)\.create_topic"):
+            publisher.create_topic(name="projects/p/topics/t")
+        with pytest.raises(AttributeError, match="no attribute 'no_such_thing'"):
+            publisher.no_such_thing  # noqa: B018

@@ -138,6 +138,7 @@ async def test_a_hedged_batch_is_traced_create_publish_and_each_attempt(telemetr
         )
         for span in attempts
     ] == [(0, False, "CANCELLED", False), (1, True, "OK", True)]
+    assert [span.attributes["hedgepub.attempt.endpoint"] for span in attempts] == ["primary", "primary"]
 
     # Each message carries its create span's context where the official subscriber looks for it.
     sent = transport.calls[-2].request.messages
@@ -198,6 +199,7 @@ def test_a_failed_publish_marks_its_spans_and_counts_the_messages(
     assert create.status.status_code is trace.StatusCode.ERROR
     assert batch.status.status_code is trace.StatusCode.ERROR
     assert any(event.name == "exception" for event in batch.events)
+    assert attempt.attributes["hedgepub.attempt.endpoint"] == server.address
     assert (attempt.attributes["hedgepub.attempt.status"], attempt.attributes["hedgepub.attempt.won"]) == (
         "NOT_FOUND",
         False,

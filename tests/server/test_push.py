@@ -184,3 +184,79 @@ def test_the_retry_policy_spaces_redeliveries(
     first, second = push_endpoint.requests[:2]
     assert second.at - first.at >= 0.95  # the retry policy's back-off, not the 100 ms push back-off
     assert server.wait_until_idle(timeout=10)
+
+
+def test_no_answer_within_the_ack_deadline_is_a_nack(
+    push_endpoint: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first push gets no answer for longer than the ack deadline (10 s): the message is pushed again."""
+    with LocalServer(in_memory=True) as local:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
+        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        publisher.create_topic(name=TOPIC)
+        push_endpoint.delays = [11.0]
+        subscriber.create_subscription(
+            request={
+                "name": SUBSCRIPTION,
+                "topic": TOPIC,
+                "ack_deadline_seconds": 10,
+                "push_config": {"push_endpoint": push_endpoint.url},
+            }
+        )
+        message_id = publisher.publish(TOPIC, b"slow").result(timeout=30)
+        assert push_endpoint.wait_for(lambda requests: len(requests) >= 2, timeout=30)
+        first, second = push_endpoint.requests[:2]
+        assert json.loads(first.body)["message"]["messageId"] == message_id
+        assert json.loads(second.body)["message"]["messageId"] == message_id
+        assert second.at - first.at >= 9.9
+        assert local.wait_until_idle(timeout=10)
+        publisher.stop()
+        subscriber.close()
+
+
+def test_push_subscriptions_refuse_exactly_once_delivery(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    publisher.create_topic(name=TOPIC)
+    with pytest.raises(exceptions.InvalidArgument, match="Exactly-once delivery is not supported for push"):
+        subscriber.create_subscription(
+            request={
+                "name": SUBSCRIPTION,
+                "topic": TOPIC,
+                "push_config": {"push_endpoint": "http://127.0.0.1:9/push"},
+                "enable_exactly_once_delivery": True,
+            }
+        )
+
+
+def test_ordering_keys_are_pushed_in_order(
+    server: LocalServer, subscriber: pubsub_v1.SubscriberClient, push_endpoint: Any
+) -> None:
+    """With message ordering, a key's next message is pushed only once the previous one is acknowledged,
+    even while the endpoint refuses some of them."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    publisher.create_topic(name=TOPIC)
+    push_endpoint.status = 500
+    subscriber.create_subscription(
+        request={
+            "name": SUBSCRIPTION,
+            "topic": TOPIC,
+            "enable_message_ordering": True,
+            "push_config": {"push_endpoint": push_endpoint.url},
+        }
+    )
+    for i in range(10):
+        publisher.publish(TOPIC, f"{i}".encode(), ordering_key="customer-1")
+    publisher.publish(TOPIC, b"other", ordering_key="customer-2").result(timeout=30)
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 3)
+    push_endpoint.status = 200
+    assert server.wait_until_idle(timeout=30)
+    acknowledged = [
+        base64.b64decode(body["message"]["data"]).decode()
+        for request, body in zip(push_endpoint.requests, _bodies(push_endpoint), strict=True)
+        if request.status == 200 and body["message"]["orderingKey"] == "customer-1"
+    ]
+    assert acknowledged == [str(i) for i in range(10)]
+    publisher.stop()

@@ -64,14 +64,20 @@ class AdminClient:
     ``None``: ``PUBSUB_EMULATOR_HOST``); a malformed one raises ``ValueError``. ``access_token``, when
     given, identifies the caller: as call credentials over TLS, as ``authorization: Bearer`` metadata on
     a plain-text channel (what a local server with IAM enforcement reads). As for the publisher, a bare
-    ``host:port`` with a token means TLS.
+    ``host:port`` with a token means TLS, which trusts the system's root certificates, or only the PEM
+    ``root_certificates`` given (a private CA, ``hedgepub serve --tls-cert``).
 
     Every method raises :class:`hedgepub.RpcError` with the server's status code on failure, and
     ``RpcError(UNAVAILABLE)`` when the server cannot be reached within the timeout.
     """
 
     def __init__(
-        self, endpoint: str | None, *, timeout: float = 10.0, access_token: str | None = None
+        self,
+        endpoint: str | None,
+        *,
+        timeout: float = 10.0,
+        access_token: str | None = None,
+        root_certificates: bytes | None = None,
     ) -> None:
         self.target: ChannelTarget = resolve_endpoint(endpoint, credentials=access_token)
         self.endpoint = endpoint or self.target.target
@@ -82,7 +88,7 @@ class AdminClient:
             if access_token is not None:
                 self._metadata = (("authorization", f"Bearer {access_token}"),)
         else:
-            credentials = grpc.ssl_channel_credentials()
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
             if access_token is not None:
                 credentials = grpc.composite_channel_credentials(
                     credentials, grpc.access_token_call_credentials(access_token)
@@ -145,9 +151,17 @@ class AdminClient:
         )
 
     # subscriptions
-    def create_subscription(self, subscription: str, topic: str, *, ack_deadline_seconds: int = 10) -> Any:
-        """Create ``subscription`` on ``topic`` (full paths); returns the ``Subscription`` message."""
+    def create_subscription(
+        self, subscription: str, topic: str, *, ack_deadline_seconds: int = 10, push_endpoint: str = ""
+    ) -> Any:
+        """Create ``subscription`` on ``topic`` (full paths); returns the ``Subscription`` message.
+
+        With ``push_endpoint`` (an http or https URL) it is a push subscription: the server POSTs each
+        message there.
+        """
         request = _Subscription(name=subscription, topic=topic, ack_deadline_seconds=ack_deadline_seconds)
+        if push_endpoint:
+            request.push_config.push_endpoint = push_endpoint
         return self._call(_SUBSCRIBER + "CreateSubscription", request, _Subscription)
 
     def get_subscription(self, subscription: str) -> Any:

@@ -64,6 +64,8 @@ _Command = TypeVar("_Command", bound=Callable[..., Any])
 #: Environment variables of the access token and of a file holding it.
 TOKEN_VARIABLE = "HEDGEPUB_ACCESS_TOKEN"
 TOKEN_FILE_VARIABLE = "HEDGEPUB_ACCESS_TOKEN_FILE"
+#: Environment variable of the PEM file of root certificates to trust over TLS.
+ROOT_CERTIFICATES_VARIABLE = "HEDGEPUB_ROOT_CERTIFICATES"
 
 
 class _Target:
@@ -76,12 +78,14 @@ class _Target:
         timeout: float,
         access_token: str | None = None,
         access_token_file: Path | None = None,
+        root_certificates: Path | None = None,
     ) -> None:
         if not endpoint and not os.environ.get(EMULATOR_HOST_VARIABLE):
             raise click.UsageError(
                 f"no Pub/Sub server given: pass --endpoint HOST:PORT or set {EMULATOR_HOST_VARIABLE}"
             )
         self.token = _access_token(access_token, access_token_file)
+        self.root_certificates = _read_root_certificates(root_certificates)
         try:
             self.channel = resolve_endpoint(endpoint, credentials=self.token)
         except ValueError as error:
@@ -101,7 +105,12 @@ class _Target:
 
     def admin(self) -> AdminClient:
         """An admin client for this target (close it, or use it in a ``with``)."""
-        return AdminClient(self.explicit_endpoint, timeout=self.timeout, access_token=self.token)
+        return AdminClient(
+            self.explicit_endpoint,
+            timeout=self.timeout,
+            access_token=self.token,
+            root_certificates=self.root_certificates,
+        )
 
     def unreachable_hint(self) -> str:
         """Why a bare HOST:PORT with a token may not reach a plain-text server."""
@@ -131,6 +140,16 @@ def _access_token(token: str | None, token_file: Path | None) -> str | None:
         where = "--access-token-file" if token_file is not None else "--access-token"
         raise click.BadParameter("an access token is one word, without spaces", param_hint=f"'{where}'")
     return token
+
+
+def _read_root_certificates(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        message = f"cannot read {path}: {error.strerror}"
+        raise click.BadParameter(message, param_hint="'--root-certificates'") from None
 
 
 def _connection_options(command: _Command) -> _Command:
@@ -170,6 +189,14 @@ def _connection_options(command: _Command) -> _Command:
             type=click.Path(dir_okay=False, path_type=Path),
             help="Read the access token from this file (keeps it out of shell history).",
         ),
+        click.option(
+            "--root-certificates",
+            envvar=ROOT_CERTIFICATES_VARIABLE,
+            show_envvar=True,
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="PEM file of the certificates to trust over TLS instead of the system's (a private CA, "
+            "or `hedgepub serve --tls-cert`).",
+        ),
     ]
 
     @functools.wraps(command)
@@ -180,9 +207,10 @@ def _connection_options(command: _Command) -> _Command:
         timeout: float,
         access_token: str | None,
         access_token_file: Path | None,
+        root_certificates: Path | None,
         **kwargs: Any,
     ) -> Any:
-        target = _Target(endpoint, project, timeout, access_token, access_token_file)
+        target = _Target(endpoint, project, timeout, access_token, access_token_file, root_certificates)
         return command(*args, target=target, **kwargs)
 
     wrapped: Any = with_target
@@ -263,13 +291,23 @@ def subscriptions() -> None:
     show_default=True,
     help="Seconds a pulled message stays leased before it is delivered again.",
 )
+@click.option(
+    "--push-endpoint",
+    default="",
+    metavar="URL",
+    help="Make it a push subscription: the server POSTs each message to this http(s) URL.",
+)
 @_connection_options
-def subscriptions_create(name: str, topic: str, ack_deadline: int, target: _Target) -> None:
+def subscriptions_create(
+    name: str, topic: str, ack_deadline: int, push_endpoint: str, target: _Target
+) -> None:
     """Create SUBSCRIPTION on --topic and print its path."""
     path = target.path("subscriptions", name)
     topic_path = target.path("topics", topic)
     with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path} or topic {topic_path}"):
-        created = admin.create_subscription(path, topic_path, ack_deadline_seconds=ack_deadline)
+        created = admin.create_subscription(
+            path, topic_path, ack_deadline_seconds=ack_deadline, push_endpoint=push_endpoint
+        )
         click.echo(created.name)
 
 
@@ -353,13 +391,23 @@ def publish(
     retry = RetrySettings(initial_rpc_timeout=min(5.0, target.timeout), total_timeout=target.timeout)
     payload = data.encode("utf-8")
     failures = 0
-    credentials = None
+    credentials: Any = None
     if target.token is not None:
         import google.oauth2.credentials
 
         credentials = google.oauth2.credentials.Credentials(target.token)
-    endpoint = target.explicit_endpoint
-    with PublisherClient(retry_settings=retry, endpoint=endpoint, credentials=credentials) as client:
+    elif target.channel.secure:
+        import google.auth.credentials
+
+        # as for the other commands: no token, no credentials (not Application Default Credentials)
+        credentials = google.auth.credentials.AnonymousCredentials()
+    publisher = PublisherClient(
+        retry_settings=retry,
+        endpoint=target.explicit_endpoint,
+        credentials=credentials,
+        root_certificates=target.root_certificates,
+    )
+    with publisher as client:
         futures = [client.publish(path, payload, **attributes) for _ in range(count)]
         for future in futures:
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -115,24 +116,23 @@ def _delay_text(delays: tuple[float | str, ...]) -> str:
     )
 
 
-def _check_stall(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hedgepub.server import StallWindows
+def _checked_by(kind: str) -> Callable[[click.Context, click.Parameter, str], str]:
+    """An option callback that parses its value with ``hedgepub.server.<kind>.parse`` and keeps the text."""
 
-    try:
-        StallWindows.parse(value)
-    except (TypeError, ValueError) as error:
-        raise click.BadParameter(str(error)) from None
-    return value
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        import hedgepub.server
+
+        try:
+            getattr(hedgepub.server, kind).parse(value)
+        except (TypeError, ValueError) as error:
+            raise click.BadParameter(str(error)) from None
+        return value
+
+    return check
 
 
-def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hedgepub.server import LatencyMix
-
-    try:
-        LatencyMix.parse(value)
-    except (TypeError, ValueError) as error:
-        raise click.BadParameter(str(error)) from None
-    return value
+_check_stall = _checked_by("StallWindows")
+_check_mix = _checked_by("LatencyMix")
 
 
 @click.command(short_help="Compare publish tail latency without and with hedging.")

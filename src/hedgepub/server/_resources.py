@@ -85,6 +85,9 @@ def check_subscription_fields(config: Any) -> None:
     limits.check_expiration_policy(config)
     compile_filter(config.filter)  # INVALID_ARGUMENT, saying where, for one that does not parse
     check_push_config(config.push_config)
+    if config.push_config.push_endpoint and config.enable_exactly_once_delivery:
+        # The real service documents that only pull subscriptions support exactly-once delivery.
+        raise invalid("Exactly-once delivery is not supported for push subscriptions.")
     for kind in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
         if config.HasField(kind) and getattr(config, kind).ByteSize():
             raise ServiceError(
