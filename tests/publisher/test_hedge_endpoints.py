@@ -85,6 +85,24 @@ async def test_hedges_go_to_the_hedge_endpoints_in_turn() -> None:
 
 
 @virtual_time
+async def test_the_endpoints_add_up_to_the_publisher_totals() -> None:
+    primary, (first, second), publisher = await publisher_with_endpoints(2, max_tokens=20)
+    # Answers that land on hedge points too: a hedge decided in the same instant as the original's answer
+    # is counted by the engine, and so on its endpoint, even if its task never reached the transport.
+    primary.default = primary.ok(delay=0.2)
+    first.default = first.ok(delay=0.1)
+    second.default = second.fail(StatusCode.UNAVAILABLE, delay=0.05)
+    await asyncio.gather(*(publisher.publish(TOPIC, b"%d" % number) for number in range(30)))
+    stats = publisher.stats()
+    endpoints = stats.endpoints.values()
+    assert sum(endpoint.attempts_sent for endpoint in endpoints) == stats.attempts_sent
+    assert sum(endpoint.hedges_sent for endpoint in endpoints) == stats.hedges_sent > 0
+    assert sum(endpoint.wins for endpoint in endpoints) == stats.batches_sent
+    assert stats.endpoints["hedge-endpoint-2"].wins == 0
+    await publisher.shutdown()
+
+
+@virtual_time
 async def test_a_hedge_endpoint_that_answers_first_wins() -> None:
     primary, (other,), publisher = await publisher_with_endpoints(1)
     primary.script.append(primary.ok(delay=2.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -91,42 +92,47 @@ def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) 
     delays: list[float | str] = []
     for part in value.split(","):
         part = part.strip()
-        if part == "auto":
-            delays.append("auto")
+        if part == "auto" or part.startswith("auto:"):
+            delays.append(part)
             continue
         try:
             delays.append(float(part))
         except ValueError:
             raise click.BadParameter(
-                f"{part!r} is neither seconds (0.1 to 10) nor 'auto'; give e.g. 0.1,1,auto"
+                f"{part!r} is neither seconds (0.1 to 10) nor 'auto' (or 'auto:PERCENTILE'); "
+                "give e.g. 0.1,1,auto"
             ) from None
     return tuple(delays)
 
 
 def _delay_text(delays: tuple[float | str, ...]) -> str:
     return ", ".join(
-        "adaptive (p95)" if delay == "auto" else f"{float(delay) * 1000:g} ms" for delay in delays
+        "adaptive (p95)"
+        if delay == "auto"
+        else f"adaptive (p{delay[5:]})"
+        if isinstance(delay, str)
+        else f"{float(delay) * 1000:g} ms"
+        for delay in delays
     )
 
 
-def _check_stall(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hedgepub.server import StallWindows
+def _checked_by(kind: str) -> Callable[[click.Context, click.Parameter, str], str]:
+    """An option callback that parses its value with ``hedgepub.server.<kind>.parse`` and keeps the text."""
 
-    try:
-        StallWindows.parse(value)
-    except (TypeError, ValueError) as error:
-        raise click.BadParameter(str(error)) from None
-    return value
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        import hedgepub.server
+
+        try:
+            getattr(hedgepub.server, kind).parse(value)
+        except (TypeError, ValueError) as error:
+            raise click.BadParameter(str(error)) from None
+        return value
+
+    return check
 
 
-def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hedgepub.server import LatencyMix
-
-    try:
-        LatencyMix.parse(value)
-    except (TypeError, ValueError) as error:
-        raise click.BadParameter(str(error)) from None
-    return value
+_check_stall = _checked_by("StallWindows")
+_check_mix = _checked_by("LatencyMix")
 
 
 @click.command(short_help="Compare publish tail latency without and with hedging.")
@@ -158,7 +164,7 @@ def _check_mix(ctx: click.Context, param: click.Parameter, value: str) -> str:
     show_default=True,
     callback=_parse_hedge_delays,
     help="One hedged publisher per comma-separated entry: seconds before a hedge (0.1 to 10), or "
-    "'auto' for the adaptive delay (p95 of recent latency).",
+    "'auto' for the adaptive delay (p95 of recent latency), 'auto:90' for another percentile.",
 )
 @click.option(
     "--max-tokens",
