@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from google.protobuf import json_format
 
 from hedgepub.server import IamConfig, LocalServer
 from hedgepub.server._rest import Route, routes
+from hedgepub.server._services import PULL_WAIT_SECONDS
 
 PROJECT_ID = "rest-project"
 PROJECT = f"projects/{PROJECT_ID}"
@@ -440,6 +442,17 @@ def test_refusals_in_googles_json_error_form(
         assert document["error"]["message"] == message
     else:
         assert document["error"]["message"]
+
+
+def test_a_pull_answers_within_x_server_timeout(rest: Rest) -> None:
+    # gcloud sends X-Server-Timeout; a Pull that waits for messages answers (empty) before it runs out.
+    topic, subscription = f"{PROJECT}/topics/quiet", f"{PROJECT}/subscriptions/quiet-sub"
+    rest.request("PUT", f"/v1/{topic}", {})
+    rest.request("PUT", f"/v1/{subscription}", {"topic": topic})
+    started = time.monotonic()
+    answer = rest.request("POST", f"/v1/{subscription}:pull", {"maxMessages": 1}, {"X-Server-Timeout": "1"})
+    assert answer == (200, {})
+    assert time.monotonic() - started < PULL_WAIT_SECONDS
 
 
 def test_the_root_path_answers_ok_as_the_emulator_does(rest: Rest) -> None:
