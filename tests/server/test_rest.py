@@ -459,11 +459,38 @@ def test_the_root_path_answers_ok_as_the_emulator_does(rest: Rest) -> None:
     assert rest.request("GET", "/") == (200, "Ok\n")
 
 
-def test_schema_service_routes_reach_the_grpc_face(rest: Rest) -> None:
-    # Whatever the gRPC face answers for schemas (UNIMPLEMENTED until SchemaService exists), REST says the
-    # same: this list call either lists or refuses in the JSON form.
-    status, document = rest.request("GET", f"/v1/{PROJECT}/schemas")
-    assert status == 200 or document["error"]["status"] == "UNIMPLEMENTED"
+def test_schemas_over_rest(rest: Rest) -> None:
+    # The schema ID goes in a query parameter, the schema in the body, the view as an enum name.
+    definition = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "int"}]})
+    schema = f"{PROJECT}/schemas/orders-avro"
+    status, created = rest.request(
+        "POST", f"/v1/{PROJECT}/schemas?schemaId=orders-avro", {"type": "AVRO", "definition": definition}
+    )
+    assert status == 200 and (created["name"], created["definition"]) == (schema, definition)
+    status, basic = rest.request("GET", f"/v1/{schema}?view=BASIC")
+    assert status == 200 and "definition" not in basic
+    assert rest.request("GET", f"/v1/{schema}?view=FULL")[1]["definition"] == definition
+
+    def validate(message: bytes) -> tuple[int, Any]:
+        body = {"name": schema, "message": base64.b64encode(message).decode(), "encoding": "JSON"}
+        return rest.request("POST", f"/v1/{PROJECT}/schemas:validateMessage", body)
+
+    assert validate(b'{"id": 5}') == (200, {})
+    status, refused = validate(b'{"id": "five"}')
+    assert (status, refused["error"]["status"]) == (400, "INVALID_ARGUMENT")
+
+    topic = f"{PROJECT}/topics/typed"
+    settings = {"schemaSettings": {"schema": schema, "encoding": "JSON"}}
+    assert rest.request("PUT", f"/v1/{topic}", settings)[1]["schemaSettings"] == settings["schemaSettings"]
+    good = {"messages": [{"data": base64.b64encode(b'{"id": 1}').decode()}]}
+    assert rest.request("POST", f"/v1/{topic}:publish", good)[0] == 200
+    bad = {"messages": [{"data": base64.b64encode(b'{"id": "one"}').decode()}]}
+    assert rest.request("POST", f"/v1/{topic}:publish", bad)[0] == 400
+
+    status, revisions = rest.request("GET", f"/v1/{schema}:listRevisions")
+    assert status == 200 and [revision["revisionId"] for revision in revisions["schemas"]] == [
+        created["revisionId"]
+    ]
 
 
 # ------------------------------------------------------------------- IAM, faults and logs apply too
