@@ -312,8 +312,10 @@ class MemoryStore:
         references = self._references.get(holder)
         if references is None:
             return []
-        found = references.after(low - 1, len(references.live))
-        return found if high is None else [sequence for sequence in found if sequence < high]
+        order, live = references.order, references.live
+        start = bisect.bisect_left(order, low)
+        end = len(order) if high is None else bisect.bisect_left(order, high)
+        return [sequence for sequence in order[start:end] if sequence in live]
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search over the stored messages, which are in publish order."""
