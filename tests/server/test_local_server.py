@@ -30,15 +30,19 @@ def test_an_occupied_port_is_an_os_error() -> None:
             LocalServer(port=port, in_memory=True).start()
 
 
-async def test_an_address_grpc_cannot_bind_is_an_os_error_naming_it_with_grpcs_report_as_cause() -> None:
+@pytest.mark.parametrize("rest", [False, True], ids=["grpc-alone", "one-port-front"])
+async def test_an_address_that_cannot_be_bound_is_an_os_error_naming_it_with_the_report_as_cause(
+    rest: bool,
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = AsyncLocalServer(port=port, in_memory=True)
+        server = AsyncLocalServer(port=port, in_memory=True, rest=rest)
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port} ") as raised:
             await server.start()
-    assert isinstance(raised.value.__cause__, RuntimeError)  # grpc's own words stay in the traceback
+    # The binder's own words stay in the traceback: grpc's when it binds the port, asyncio's for the front.
+    assert isinstance(raised.value.__cause__, OSError if rest else RuntimeError)
     assert server.core is None and "stopped" in repr(server)
 
 

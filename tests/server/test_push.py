@@ -227,3 +227,36 @@ def test_push_subscriptions_refuse_exactly_once_delivery(
                 "enable_exactly_once_delivery": True,
             }
         )
+
+
+def test_ordering_keys_are_pushed_in_order(
+    server: LocalServer, subscriber: pubsub_v1.SubscriberClient, push_endpoint: Any
+) -> None:
+    """With message ordering, a key's next message is pushed only once the previous one is acknowledged,
+    even while the endpoint refuses some of them."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    publisher.create_topic(name=TOPIC)
+    push_endpoint.status = 500
+    subscriber.create_subscription(
+        request={
+            "name": SUBSCRIPTION,
+            "topic": TOPIC,
+            "enable_message_ordering": True,
+            "push_config": {"push_endpoint": push_endpoint.url},
+        }
+    )
+    for i in range(10):
+        publisher.publish(TOPIC, f"{i}".encode(), ordering_key="customer-1")
+    publisher.publish(TOPIC, b"other", ordering_key="customer-2").result(timeout=30)
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 3)
+    push_endpoint.status = 200
+    assert server.wait_until_idle(timeout=30)
+    acknowledged = [
+        base64.b64decode(body["message"]["data"]).decode()
+        for request, body in zip(push_endpoint.requests, _bodies(push_endpoint), strict=True)
+        if request.status == 200 and body["message"]["orderingKey"] == "customer-1"
+    ]
+    assert acknowledged == [str(i) for i in range(10)]
+    publisher.stop()

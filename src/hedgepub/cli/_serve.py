@@ -94,6 +94,13 @@ _FAULT_HELP = (
     default=None,
     help="The PEM private key of --tls-cert.",
 )
+@click.option(
+    "--rest/--no-rest",
+    default=True,
+    show_default=True,
+    help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does "
+    "(not with --tls-cert: TLS serves gRPC only).",
+)
 def serve(
     host: str,
     port: int,
@@ -108,6 +115,7 @@ def serve(
     dedup_hedges: bool,
     tls_cert: Path | None,
     tls_key: Path | None,
+    rest: bool,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -143,7 +151,10 @@ def serve(
     def announce(server: AsyncLocalServer) -> None:
         nonlocal announced
         announced = True
-        click.echo(f"hedgepub server listening on {server.address}, storage {storage}", err=True)
+        protocols = "gRPC and REST" if server.rest else "gRPC"
+        click.echo(
+            f"hedgepub server listening on {server.address} ({protocols}), storage {storage}", err=True
+        )
         for name, rule in injector.rules.items():
             click.echo(f"fault injection on {name}: {rule}", err=True)
         if iam is not None:
@@ -176,6 +187,7 @@ def serve(
                 tls_key,
                 dedup_hedges=dedup_hedges,
                 report=dedup_counts.append,
+                rest=rest,
             )
         )
     except KeyboardInterrupt:
@@ -219,6 +231,7 @@ async def _run(
     *,
     dedup_hedges: bool = False,
     report: Callable[[HedgeDedupCounts], object] | None = None,
+    rest: bool = True,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
@@ -253,6 +266,7 @@ async def _run(
         dedup_hedges=dedup_hedges,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        rest=rest,
     )
     for server in servers:
         if server.hedge_dedup is not None and report is not None:

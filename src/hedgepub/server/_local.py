@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import secrets
 import shutil
+import socket
 import sqlite3
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -24,8 +28,10 @@ from hedgepub.server._core import PubSubCore
 from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
 from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
+from hedgepub.server._front import OnePortFront
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
+from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
 
@@ -36,6 +42,34 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 )
+
+#: Where the gRPC face listens when the one-port front owns the public port: loopback, ephemeral.
+PRIVATE_HOST = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class _PrivateAddress:
+    """Where the gRPC face listens behind the front: a Linux abstract unix socket (cheaper to relay to
+    than TCP, and no port), else an ephemeral port of loopback TCP."""
+
+    #: The address in grpc's form (``unix-abstract:NAME``, ``127.0.0.1:PORT``).
+    grpc_address: str
+    family: int
+    #: The address in the socket module's form.
+    socket_address: Any
+
+    @classmethod
+    def choose(cls) -> _PrivateAddress:
+        if sys.platform == "linux":
+            name = f"hedgepub-{os.getpid()}-{secrets.token_hex(8)}"
+            return cls(f"unix-abstract:{name}", socket.AF_UNIX, "\0" + name)
+        return cls(f"{PRIVATE_HOST}:0", socket.AF_INET, (PRIVATE_HOST, 0))
+
+    def bound(self, port: int) -> _PrivateAddress:
+        """This address once grpc has bound it (``port``: the one grpc chose, for TCP)."""
+        if self.family != socket.AF_INET:
+            return self
+        return _PrivateAddress(f"{PRIVATE_HOST}:{port}", self.family, (PRIVATE_HOST, port))
 
 
 def open_store(
@@ -54,6 +88,10 @@ def open_store(
         raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
 
+def _cannot_listen(where: str) -> OSError:
+    return OSError(f"cannot listen on {where} (in use, or not an address of this machine)")
+
+
 class AsyncLocalServer:
     """The Pub/Sub server on the running event loop.
 
@@ -70,6 +108,9 @@ class AsyncLocalServer:
     ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
     answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
     service does not do this).
+    ``rest=True`` (the default) serves REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's
+    emulator does; ``rest=False`` serves gRPC alone, and so does a TLS server (the front that tells the
+    two apart reads plain text) and a server on Windows.
     """
 
     def __init__(
@@ -88,6 +129,7 @@ class AsyncLocalServer:
         dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        rest: bool = True,
     ) -> None:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError(
@@ -107,6 +149,9 @@ class AsyncLocalServer:
         self.faults = faults
         self._authorizer = authorizer
         self._clock = clock
+        # The front reads plain text, and works on the loop's reader callbacks, which Windows' default
+        # (proactor) loop lacks: REST is served without TLS, and not on Windows.
+        self.rest = rest and tls_cert is None and sys.platform != "win32"
         self.keep_unsubscribed = keep_unsubscribed
         self._window = window
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
@@ -114,6 +159,9 @@ class AsyncLocalServer:
         self.tls_cert = tls_cert
         self.tls_key = tls_key
         self._server: grpc.aio.Server | None = None
+        self._front: OnePortFront | None = None
+        self._gateway: RestGateway | None = None
+        self._http: Any = None
         self.core: PubSubCore | None = None
         self._data_dir_lock: DataDirLock | None = None
         self.port = 0
@@ -147,12 +195,22 @@ class AsyncLocalServer:
         opened or fails SQLite's quick check raises :class:`~hedgepub.server.DataDirError` (one line).
         """
         credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
-        if not self.in_memory and self.data_dir is not None:
-            self._data_dir_lock = open_data_dir(self.data_dir)
+        front = None
+        if self.rest:
+            # The public port first: when it is taken, nothing else has been opened yet.
+            front = OnePortFront()
+            try:
+                await front.bind(self.host, self.requested_port)
+            except OSError as error:
+                raise _cannot_listen(f"{self.host}:{self.requested_port}") from error
         try:
-            await self._start(credentials)
+            if not self.in_memory and self.data_dir is not None:
+                self._data_dir_lock = open_data_dir(self.data_dir)
+            await self._start(credentials, front)
         except BaseException:
             self._release_data_dir()
+            if front is not None:
+                await front.stop()
             raise
 
     def _release_data_dir(self) -> None:
@@ -160,7 +218,7 @@ class AsyncLocalServer:
         if lock is not None:
             lock.release()
 
-    async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
+    async def _start(self, credentials: grpc.ServerCredentials | None, front: OnePortFront | None) -> None:
         store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
         core = PubSubCore(store, clock=self._clock, window=self._window)
         loop = asyncio.get_running_loop()
@@ -179,7 +237,9 @@ class AsyncLocalServer:
             core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
-        where = f"{self.host}:{self.requested_port}"
+        # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
+        private = _PrivateAddress.choose()
+        where = f"{self.host}:{self.requested_port}" if front is None else private.grpc_address
         try:
             if credentials is not None:
                 port = server.add_secure_port(where, credentials)
@@ -190,18 +250,40 @@ class AsyncLocalServer:
         except RuntimeError as error:
             # The one place grpc's report becomes the OSError callers expect of a socket that cannot listen.
             await core.close()
-            raise OSError(f"cannot listen on {where} (in use, or not an address of this machine)") from error
+            raise _cannot_listen(where) from error
         await server.start()
+        if front is not None:
+            private = private.bound(port)
+            gateway = RestGateway(private.grpc_address, GRPC_OPTIONS)
+            http = http_protocol_factory(gateway)
+            await front.serve(private.family, private.socket_address, http)
+            self._front, self._gateway, self._http = front, gateway, http
+            port = front.port
         self.core = core
         self._server = server
         self.port = port
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop serving (letting calls in flight finish for ``grace`` seconds), then close the store."""
-        server, core = self._server, self.core
-        self._server = None
-        if server is not None:
-            await server.stop(grace)
+        server, core, front, gateway, http = self._server, self.core, self._front, self._gateway, self._http
+        self._server = self._front = self._gateway = self._http = None
+        if front is not None:
+            front.close()  # no new connections while the calls in flight finish
+
+        async def stop_rest() -> None:
+            # REST calls in flight finish first: they go through the gateway's channel to the gRPC face.
+            if http is not None:
+                await http.shutdown(grace or 0.0)
+            if gateway is not None:
+                await gateway.close()
+
+        async def stop_grpc() -> None:
+            if server is not None:
+                await server.stop(grace)
+
+        await asyncio.gather(stop_rest(), stop_grpc())
+        if front is not None:
+            await front.stop()
         if core is not None:
             await core.close()
         self._release_data_dir()
@@ -239,10 +321,12 @@ async def serve(
     dedup_hedges: bool = False,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    rest: bool = True,
 ) -> None:
     """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
+    ``rest=False`` serves gRPC alone (see :class:`AsyncLocalServer`).
     """
     server = AsyncLocalServer(
         host,
@@ -255,6 +339,7 @@ async def serve(
         dedup_hedges=dedup_hedges,
         tls_cert=tls_cert,
         tls_key=tls_key,
+        rest=rest,
     )
     await server.start()
     try:
@@ -274,7 +359,8 @@ class LocalServer:
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS. Messages
+    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC only);
+    ``rest=False`` turns the REST face off. Messages
     published while a topic has no subscription are kept, so that :meth:`messages` shows them;
     ``keep_unsubscribed=False`` drops them, as the real service does (for long runs, where they would
     only fill memory or disk).
@@ -295,6 +381,7 @@ class LocalServer:
         dedup_hedges: bool = False,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        rest: bool = True,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
@@ -310,6 +397,7 @@ class LocalServer:
             dedup_hedges=dedup_hedges,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            rest=rest,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -1,0 +1,128 @@
+"""Cost of the one-port front: gRPC publish throughput with REST on the same port, against gRPC alone.
+
+With REST on (the default) the server's public port belongs to a front that relays gRPC connections to
+the gRPC face listening privately; with ``rest=False`` gRPC listens on the public port itself. Each
+round starts one in-memory server of each kind (in a child process, as ``publish_throughput.py``
+does, so the server has its own interpreter) and publishes the same messages to it through the
+concurrent raw-bytes publishers of ``server_ingest.py`` (which make the server, not the client, the
+bottleneck, so any cost of the relay shows). Rounds alternate which kind goes first.
+
+Two figures per kind: messages/s (wall clock) and the server process's CPU time per message (user +
+system, all threads, read from /proc on Linux). On a shared machine the first is at the mercy of the
+neighbours; the second is what the relay costs the server whatever the load, and a server that is the
+bottleneck publishes at 1 / (CPU per message).
+
+    python benchmarks/rest_front.py [--messages 100000] [--rounds 3] [--publishers 4]
+
+Target: front on >= 0.90x gRPC alone (issue 11).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+
+from google.pubsub_v1.types import pubsub as pubsub_types
+
+from publish_throughput import local_server
+from server_ingest import TOPIC, _publish_all
+
+TARGET = 0.90
+KINDS = {"grpc-alone": False, "front": True}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed run against one server."""
+
+    messages_per_second: float
+    rpc_p50_ms: float
+    #: Server CPU time (user + system) per message in microseconds; None where /proc is missing.
+    cpu_us_per_message: float | None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` (all its threads), from /proc; None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # Fields 14 and 15 of proc(5) (utime, stime), counted after the command name's closing parenthesis.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(rest: bool, messages: int, publishers: int, batch: int, size: int) -> Sample:
+    """Publish ``messages`` to a fresh server with the front on (``rest``) or off."""
+    message = pubsub_types.PubsubMessage.pb()(data=b"x" * size)
+    request = pubsub_types.PublishRequest.pb()(topic=TOPIC, messages=[message] * batch)
+    with local_server(multiprocessing.get_context("spawn"), rest=rest) as address:
+        [server] = multiprocessing.active_children()
+        assert server.pid is not None
+        before = _cpu_seconds(server.pid)
+        run = asyncio.run(
+            _publish_all(address, max(1, messages // batch), publishers, request.SerializeToString(), batch)
+        )
+        after = _cpu_seconds(server.pid)
+    cpu = None if before is None or after is None else (after - before) / run.messages * 1e6
+    return Sample(run.messages_per_second, run.rpc_p50_ms, cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the figures and the ratios; exit status 1 when the target is missed."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per server and round")
+    parser.add_argument("--publishers", type=int, default=4, help="concurrent publishers")
+    parser.add_argument("--batch", type=int, default=100, help="messages per Publish RPC")
+    parser.add_argument("--size", type=int, default=100, help="bytes per message")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs both kinds")
+    options = parser.parse_args(argv)
+
+    samples: dict[str, list[Sample]] = {kind: [] for kind in KINDS}
+    for round_number in range(options.rounds):
+        order = list(KINDS) if round_number % 2 == 0 else list(reversed(KINDS))
+        for kind in order:
+            sample = measure(KINDS[kind], options.messages, options.publishers, options.batch, options.size)
+            samples[kind].append(sample)
+            cpu = (
+                ""
+                if sample.cpu_us_per_message is None
+                else f", server CPU {sample.cpu_us_per_message:.1f} us/msg"
+            )
+            print(
+                f"round {round_number + 1} {kind:>10}: {sample.messages_per_second:>10,.0f} msg/s, "
+                f"RPC p50 {sample.rpc_p50_ms:.1f} ms{cpu}",
+                flush=True,
+            )
+
+    rate = {kind: statistics.median(s.messages_per_second for s in samples[kind]) for kind in KINDS}
+    rate_ratio = rate["front"] / rate["grpc-alone"]
+    print()
+    print(
+        f"{options.messages:,} messages of {options.size} B per round, {options.batch} per Publish, "
+        f"{options.publishers} publishers, {options.rounds} rounds (medians)"
+    )
+    print(f"gRPC alone            : {rate['grpc-alone']:>10,.0f} msg/s")
+    print(f"gRPC through the front: {rate['front']:>10,.0f} msg/s")
+    verdict = "ok" if rate_ratio >= TARGET else "MISSED"
+    print(f"front / alone         : {rate_ratio:>6.2f}x  (target >= {TARGET:.2f}x)  {verdict}")
+    ok = rate_ratio >= TARGET
+    if all(s.cpu_us_per_message is not None for kind in KINDS for s in samples[kind]):
+        cpu = {kind: statistics.median(s.cpu_us_per_message or 0.0 for s in samples[kind]) for kind in KINDS}
+        # Throughput of a CPU-bound server is 1 / CPU per message: alone's CPU over the front's.
+        cpu_ratio = cpu["grpc-alone"] / cpu["front"]
+        print(f"server CPU per message: alone {cpu['grpc-alone']:.1f} us, front {cpu['front']:.1f} us")
+        verdict = "ok" if cpu_ratio >= TARGET else "MISSED"
+        print(f"CPU-bound throughput  : {cpu_ratio:>6.2f}x  (target >= {TARGET:.2f}x)  {verdict}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

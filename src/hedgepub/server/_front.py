@@ -1,0 +1,276 @@
+"""One port for gRPC and REST: a front listener that tells HTTP/2 from HTTP/1.1 by a connection's first bytes.
+
+``grpc.aio`` speaks only HTTP/2, so with REST on the server's gRPC face listens privately (a Linux
+abstract unix socket, or an ephemeral port of 127.0.0.1 elsewhere, that nobody is told about) and the
+front owns the public port. It accepts each connection itself and peeks at its first bytes without
+consuming them:
+
+- a connection that opens with the HTTP/2 preface (``PRI * HTTP/2.0``) is relayed, byte for byte, to the
+  gRPC face (gRPC clients, including ``PUBSUB_EMULATOR_HOST`` ones, never notice);
+- any other connection is HTTP/1.1, handed whole to aiohttp's low-level HTTP server, whose handler is
+  the :class:`~hedgepub.server._rest.RestGateway`.
+
+The relay costs the server's event loop one callback per chunk and direction: ``recv`` up to 256 KiB,
+``send`` it on; only when the other side cannot take it all does it stop reading and wait to be able to
+write (so a slow reader holds the sender back, as TCP would). It works on the raw sockets through the
+loop's reader and writer callbacks rather than through asyncio transports and protocols, whose extra
+layers cost the server measurably more CPU per relayed RPC (see ``benchmarks/rest_front.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("hedgepub.server")
+
+#: How every HTTP/2 connection begins (RFC 9113, section 3.4); HTTP/1.1 requests begin with a method.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: Bytes that tell the two apart: no HTTP/1.1 method starts with "PRI".
+_SNIFF_BYTES = 3
+#: Largest chunk relayed at once.
+RELAY_CHUNK = 256 * 1024
+#: How long a connection may take to send its first bytes before it is closed.
+SNIFF_TIMEOUT_SECONDS = 30.0
+#: Listen backlog of the public socket.
+BACKLOG = 128
+
+_RETRY = (BlockingIOError, InterruptedError)
+
+
+class _Relay:
+    """Both directions of one gRPC connection: the public socket and the one to the gRPC face."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        client: socket.socket,
+        upstream: socket.socket,
+        front: OnePortFront,
+    ) -> None:
+        self._loop = loop
+        self._client = client
+        self._upstream = upstream
+        self._front = front
+        self._closed = False
+        front.relays.add(self)
+        loop.add_reader(client.fileno(), self._forward, client, upstream)
+        loop.add_reader(upstream.fileno(), self._forward, upstream, client)
+
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            data = source.recv(RELAY_CHUNK)
+        except _RETRY:
+            return
+        except OSError:
+            self.close()
+            return
+        if not data:
+            # HTTP/2 does not half-close a connection: either side's end ends both.
+            self.close()
+            return
+        try:
+            sent = sink.send(data)
+        except _RETRY:
+            sent = 0
+        except OSError:
+            self.close()
+            return
+        if sent < len(data):
+            # The sink is full: stop reading the source until the rest is written.
+            self._loop.remove_reader(source.fileno())
+            self._loop.add_writer(sink.fileno(), self._drain, source, sink, memoryview(data)[sent:])
+
+    def _drain(self, source: socket.socket, sink: socket.socket, rest: memoryview) -> None:
+        try:
+            sent = sink.send(rest)
+        except _RETRY:
+            return
+        except OSError:
+            self.close()
+            return
+        self._loop.remove_writer(sink.fileno())
+        if sent < len(rest):
+            self._loop.add_writer(sink.fileno(), self._drain, source, sink, rest[sent:])
+        else:
+            self._loop.add_reader(source.fileno(), self._forward, source, sink)
+
+    def close(self) -> None:
+        """Close both sockets (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._front.relays.discard(self)
+        for sock in (self._client, self._upstream):
+            with contextlib.suppress(ValueError, OSError):  # fileno() is -1 once a socket is closed
+                self._loop.remove_reader(sock.fileno())
+                self._loop.remove_writer(sock.fileno())
+            sock.close()
+
+
+class OnePortFront:
+    """The public listener: gRPC connections relayed to the gRPC face, HTTP/1.1 ones served here.
+
+    :meth:`bind` takes the port, :meth:`serve` starts accepting once the gRPC face is up.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: list[socket.socket] = []
+        self._grpc_family = socket.AF_INET
+        self._grpc_address: Any = None
+        self._http_protocol_factory: Callable[[], Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Connections being relayed, and those not yet told apart (with their timeout), closed on stop.
+        self.relays: set[_Relay] = set()
+        self._sniffing: dict[socket.socket, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self.port = 0
+
+    async def bind(self, host: str, port: int) -> int:
+        """Take ``host:port`` (0: any free port) on every address ``host`` stands for; return the port."""
+        self._loop = asyncio.get_running_loop()
+        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        try:
+            for family, kind, protocol, _, address in dict.fromkeys(infos):
+                listener = socket.socket(family, kind, protocol)
+                self._listeners.append(listener)
+                if hasattr(socket, "SO_REUSEADDR") and not _is_windows():
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                if self.port:  # port 0: every address gets the port the first one was given
+                    address = (address[0], self.port, *address[2:])
+                listener.bind(address)
+                listener.listen(BACKLOG)
+                listener.setblocking(False)
+                self.port = self.port or listener.getsockname()[1]
+        except OSError:
+            self._close_listeners()
+            raise
+        return self.port
+
+    async def serve(
+        self, grpc_family: int, grpc_address: Any, http_protocol_factory: Callable[[], Any]
+    ) -> None:
+        """Start accepting: gRPC goes to ``grpc_address`` (of ``grpc_family``), HTTP/1.1 to the factory's
+        protocols (one per connection)."""
+        assert self._loop is not None, "bind() first"
+        self._grpc_family, self._grpc_address = grpc_family, grpc_address
+        self._http_protocol_factory = http_protocol_factory
+        for listener in self._listeners:
+            self._loop.add_reader(listener.fileno(), self._accept, listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        assert self._loop is not None
+        for _ in range(BACKLOG):
+            try:
+                connection, _ = listener.accept()
+            except _RETRY:
+                return
+            except OSError as error:
+                # Out of descriptors and the like: say so and go on serving the connections there are.
+                if error.errno not in (errno.ECONNABORTED, errno.EPROTO):
+                    logger.warning("accepting a connection failed: %s", error)
+                return
+            connection.setblocking(False)
+            if connection.family in (socket.AF_INET, socket.AF_INET6):
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sniffing[connection] = self._loop.call_later(
+                SNIFF_TIMEOUT_SECONDS, self._forget, connection
+            )
+            self._loop.add_reader(connection.fileno(), self._sniff, connection)
+
+    def _sniff(self, connection: socket.socket) -> None:
+        assert self._loop is not None
+        try:
+            head = connection.recv(_SNIFF_BYTES, socket.MSG_PEEK)
+        except _RETRY:
+            return
+        except OSError:
+            head = b""
+        if not head:  # closed before it said anything
+            self._forget(connection)
+            return
+        if len(head) < _SNIFF_BYTES and HTTP2_PREFACE.startswith(head):
+            # Too few bytes yet to tell, and peeking left them unread: look again shortly rather than spin.
+            self._loop.remove_reader(connection.fileno())
+            self._loop.call_later(0.005, self._resniff, connection)
+            return
+        self._loop.remove_reader(connection.fileno())
+        self._sniffing.pop(connection).cancel()
+        if head == HTTP2_PREFACE[:_SNIFF_BYTES]:
+            self._spawn(self._relay_to_grpc(connection))
+        else:
+            self._spawn(self._serve_http(connection))
+
+    def _resniff(self, connection: socket.socket) -> None:
+        if connection in self._sniffing and self._loop is not None:
+            self._loop.add_reader(connection.fileno(), self._sniff, connection)
+
+    def _forget(self, connection: socket.socket) -> None:
+        timeout = self._sniffing.pop(connection, None)
+        if timeout is not None:
+            timeout.cancel()
+        if self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(connection.fileno())
+        connection.close()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _relay_to_grpc(self, client: socket.socket) -> None:
+        assert self._loop is not None
+        upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
+        upstream.setblocking(False)
+        try:
+            await self._loop.sock_connect(upstream, self._grpc_address)
+        except OSError as error:
+            logger.warning("cannot reach the gRPC face at %r: %s", self._grpc_address, error)
+            upstream.close()
+            client.close()
+            return
+        if upstream.family in (socket.AF_INET, socket.AF_INET6):
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _Relay(self._loop, client, upstream, self)
+
+    async def _serve_http(self, connection: socket.socket) -> None:
+        assert self._loop is not None and self._http_protocol_factory is not None
+        try:
+            await self._loop.connect_accepted_socket(self._http_protocol_factory, connection)
+        except OSError:
+            connection.close()
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            if self._loop is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    self._loop.remove_reader(listener.fileno())
+            listener.close()
+        self._listeners = []
+
+    def close(self) -> None:
+        """Stop accepting connections (those open go on)."""
+        self._close_listeners()
+
+    async def stop(self) -> None:
+        """Stop accepting, then close every connection relayed or still being told apart."""
+        self._close_listeners()
+        for task in list(self._tasks):
+            task.cancel()
+        for relay in list(self.relays):
+            relay.close()
+        for connection in list(self._sniffing):
+            self._forget(connection)
+
+
+def _is_windows() -> bool:
+    return sys.platform == "win32"
