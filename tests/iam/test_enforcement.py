@@ -89,6 +89,13 @@ _RESPONSES: dict[str, tuple[str, Any]] = {
     "DeleteSchema": ("google.pubsub.v1.SchemaService", empty_pb2.Empty),
     "ValidateSchema": ("google.pubsub.v1.SchemaService", schema_types.ValidateSchemaResponse.pb()),
     "ValidateMessage": ("google.pubsub.v1.SchemaService", schema_types.ValidateMessageResponse.pb()),
+    "CreateSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
+    "GetSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
+    "ListSnapshots": ("google.pubsub.v1.Subscriber", types.ListSnapshotsResponse.pb()),
+    "UpdateSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
+    "DeleteSnapshot": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
+    "Seek": ("google.pubsub.v1.Subscriber", types.SeekResponse.pb()),
+    "ListTopicSnapshots": ("google.pubsub.v1.Publisher", types.ListTopicSnapshotsResponse.pb()),
 }
 AVRO = '{"type": "record", "name": "Event", "fields": [{"name": "id", "type": "int"}]}'
 
@@ -285,9 +292,32 @@ def sample_request(method: str, caller: Caller) -> Any:
     }
     if method.endswith(("Schema", "Schemas", "SchemaRevisions", "SchemaRevision", "Message")):
         builders.update(_schema_requests(caller))
+    if "Snapshot" in method or method == "Seek":
+        builders.update(_snapshot_requests(caller, topic, subscription))
     if method == "StreamingPull":
         caller.publish(topic)  # so that an allowed stream answers at once
     return builders[method]()
+
+
+def _snapshot_requests(caller: Caller, topic: str, subscription: str) -> dict[str, Any]:
+    """Builders of valid snapshot and Seek requests on a fresh snapshot (taken by the admin)."""
+    snapshot = f"{PROJECT}/snapshots/{caller.unique('snapshot')}"
+    request = types.CreateSnapshotRequest.pb()(name=snapshot, subscription=subscription)
+    caller.call("CreateSnapshot", request, ADMIN)
+    return {
+        "CreateSnapshot": lambda: types.CreateSnapshotRequest.pb()(
+            name=f"{PROJECT}/snapshots/{caller.unique('new')}", subscription=subscription
+        ),
+        "GetSnapshot": lambda: types.GetSnapshotRequest.pb()(snapshot=snapshot),
+        "ListSnapshots": lambda: types.ListSnapshotsRequest.pb()(project=PROJECT),
+        "UpdateSnapshot": lambda: types.UpdateSnapshotRequest.pb()(
+            snapshot=types.Snapshot.pb()(name=snapshot, labels={"team": "a"}),
+            update_mask={"paths": ["labels"]},
+        ),
+        "DeleteSnapshot": lambda: types.DeleteSnapshotRequest.pb()(snapshot=snapshot),
+        "Seek": lambda: types.SeekRequest.pb()(subscription=subscription, snapshot=snapshot),
+        "ListTopicSnapshots": lambda: types.ListTopicSnapshotsRequest.pb()(topic=topic),
+    }
 
 
 def _schema_requests(caller: Caller) -> dict[str, Any]:
@@ -327,8 +357,11 @@ _VIEW = {
     "GetSchema",
     "ListSchemas",
     "ListSchemaRevisions",
+    "GetSnapshot",
+    "ListSnapshots",
+    "ListTopicSnapshots",
 }
-_CONSUME = {"Pull", "StreamingPull", "Acknowledge", "ModifyAckDeadline"}
+_CONSUME = {"Pull", "StreamingPull", "Acknowledge", "ModifyAckDeadline", "Seek"}
 #: What each role may call, from the access-control documentation (TestIamPermissions needs nothing).
 ALLOWED: dict[str, set[str]] = {
     "roles/pubsub.publisher": {"Publish", "TestIamPermissions"},

@@ -169,8 +169,8 @@ def test_test_iam_permissions_refuses_foreign_permissions(ready: Any) -> None:
 
 def test_unimplemented_methods_and_services_say_so(pubsub_server: LocalServer, raw: Any) -> None:
     for path in (
-        "/google.pubsub.v1.Subscriber/Seek",
-        "/google.pubsub.v1.Publisher/ListTopicSnapshots",
+        "/google.pubsub.v1.Subscriber/NoSuchMethod",
+        "/google.pubsub.v1.Publisher/NoSuchMethod",
         "/google.pubsub.v1.SchemaService/NoSuchMethod",
         "/no.such.Service/Method",
     ):

@@ -40,6 +40,7 @@ from hedgepub.server._delivery import (
 from hedgepub.server._expiration import ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
 from hedgepub.server._push import PushDispatcher
+from hedgepub.server._replay import Replay
 from hedgepub.server._schemas import SchemaRegistry
 from hedgepub.server._store import Snapshot, Store, StoredMessage
 
@@ -83,6 +84,16 @@ class PubSubCore:
         self._leasing = Leasing(clock, self._dead_letter, self._discard)
         self._background: set[asyncio.Task[Any]] = set()
         self._expiration = ExpirationWatch(clock, self._expire_subscription)
+        #: Snapshots, Seek and retention.
+        self.replay = Replay(
+            store,
+            clock,
+            lambda: self.wall_clock_ns(),
+            self._subscription,
+            lambda: list(self._subscriptions.values()),
+            self._topic,
+            self._spawn,
+        )
         #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
         #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
         self.may_forward: Callable[[str, str], bool] | None = None
@@ -109,10 +120,12 @@ class PubSubCore:
             self._expiration.watch(config)
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
+        self.replay.load(snapshot.snapshots, list(self._topics.values()))
         try:
             asyncio.get_running_loop()
-        except RuntimeError:  # loaded outside a loop (some tests): push starts with the next change
+        except RuntimeError:  # loaded outside a loop (some tests): push and replay start with the next change
             return
+        self.replay.start()
         for name in self._subscriptions:
             self.push.sync(name)
 
@@ -127,6 +140,7 @@ class PubSubCore:
         await self.push.close()
         self._leasing.close()
         self._expiration.close()
+        self.replay.close()
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -147,6 +161,7 @@ class PubSubCore:
         self.schemas.clear()
         self._leasing.clear()
         self._expiration.close()
+        self.replay.clear()
         await self._store.clear()
 
     def messages(self, topic: str) -> list[StoredMessage]:
@@ -184,6 +199,7 @@ class PubSubCore:
         if name in self._topics:  # created concurrently while we waited for the store
             raise limits.already_exists(name)
         self._topics[name] = topic
+        await self.replay.topic_changed(topic)
         # No subscription re-attaches to a re-created topic: the real service points the subscriptions
         # of a deleted topic at _deleted-topic_ for good.
         self._attached.setdefault(name, {})
@@ -202,6 +218,7 @@ class PubSubCore:
             self.schemas.check_settings(updated.schema_settings)
         await self._store.put("topics", updated.name, updated)
         self._topics[updated.name] = updated
+        await self.replay.topic_changed(updated)
         return updated
 
     def list_topics(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
@@ -219,6 +236,7 @@ class PubSubCore:
         self._topic(name)
         await self._store.delete("topics", name)
         self._topics.pop(name, None)
+        await self.replay.topic_deleted(name)
         self._policies.pop(name, None)
         await self._store.delete("policies", name)
         for state in self._attached.pop(name, {}).values():
@@ -276,7 +294,8 @@ class PubSubCore:
             sequence += 1
         attached = self._attached.get(topic_name)
         targets = list(attached.values()) if attached else []
-        await self._store.append(topic_name, records, [state.name for state in targets])
+        holders = [state.name for state in targets] + self.replay.holders_for(topic_name)
+        await self._store.append(topic_name, records, holders)
         for state in targets:
             if not state.deleted:
                 refused = state.add(records)
@@ -318,6 +337,7 @@ class PubSubCore:
         self._subscriptions[name] = state
         self._attached.setdefault(config.topic, {})[name] = state
         self._expiration.watch(config)
+        await self.replay.subscription_changed(config)
         self.push.sync(name)
         return config
 
@@ -335,6 +355,7 @@ class PubSubCore:
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
+        await self.replay.subscription_changed(config)
         self.push.sync(config.name)  # push_config may have switched it between push and pull
         return config
 
@@ -359,6 +380,7 @@ class PubSubCore:
         """DeleteSubscription: its backlog goes with it."""
         state = self._subscription(name)
         await self._store.delete("subscriptions", name)
+        await self.replay.subscription_deleted(name)
         await self._store.delete("policies", name)
         self._policies.pop(name, None)
         if self._subscriptions.get(name) is state:
@@ -368,6 +390,11 @@ class PubSubCore:
             state.drain()
             state.close()
             self.push.sync(name)
+
+    async def seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
+        """Seek to a time (ns since the epoch) or to a snapshot (see :mod:`._replay`); it is activity."""
+        self._expiration.touch(subscription)
+        await self.replay.seek(subscription, publish_ns, snapshot)
 
     def _expire_subscription(self, name: str) -> None:
         """Expiration timer: delete a subscription that was inactive for its ttl."""
@@ -523,6 +550,7 @@ class PubSubCore:
         failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
+            await self.replay.acknowledged(state.config, done)
             await self._store.ack(subscription, done)
         if failures and report:
             raise limits.ack_id_failures(failures)

@@ -536,6 +536,14 @@ class SubscriptionState:
         self._waiting = 0
         return dropped
 
+    def reset(self) -> None:
+        """A Seek rewrote the backlog in the store: drop what memory holds (leases included, so their ack
+        IDs stop counting) and read the backlog again from its start."""
+        self.drain()
+        self.cursor = 0
+        self.more = self._pages is not None
+        self.notify()
+
     def close(self) -> None:
         """The subscription is gone (or the server stops): wake its consumers for good."""
         self.deleted = True

@@ -138,25 +138,36 @@ class PushWorker:
     async def _run(self) -> None:
         consumer = Consumer(1.0, max_messages=self.window)
         while True:
-            state = self.host.push_state(self.subscription)
-            if state is None:
-                return
-            pause = self._paused_until - self._clock.now()
-            if pause > 0:
-                await self._clock.sleep(pause)
-                continue
-            consumer.ack_deadline = float(state.config.ack_deadline_seconds)
-            consumer.max_messages = self.window
-            room = consumer.room()
-            batch = self.host.lease(state, consumer, room) if room else []
-            if not batch:
-                # Woken by new messages, acks, nacks and expiries: everything that frees the window.
-                await state.wait_changed()
-                continue
-            for received in batch:
-                task = asyncio.ensure_future(self._deliver(state.config, received))
-                self._deliveries.add(task)
-                task.add_done_callback(self._deliveries.discard)
+            try:
+                if not await self._step(consumer):
+                    return
+            except Exception:  # not CancelledError: stop() ends the loop
+                # A failing store must not end push delivery for good: say so, wait, and go on.
+                logger.exception("Push delivery of %s failed; retrying in 1 s.", self.subscription)
+                await self._clock.sleep(1.0)
+
+    async def _step(self, consumer: Consumer) -> bool:
+        """Lease what the window allows and start pushing it (or wait); False once it is not push."""
+        state = self.host.push_state(self.subscription)
+        if state is None:
+            return False
+        pause = self._paused_until - self._clock.now()
+        if pause > 0:
+            await self._clock.sleep(pause)
+            return True
+        consumer.ack_deadline = float(state.config.ack_deadline_seconds)
+        consumer.max_messages = self.window
+        room = consumer.room()
+        batch = self.host.lease(state, consumer, room) if room else []
+        if not batch:
+            # Woken by new messages, acks, nacks and expiries: everything that frees the window.
+            await state.wait_changed()
+            return True
+        for received in batch:
+            task = asyncio.ensure_future(self._deliver(state.config, received))
+            self._deliveries.add(task)
+            task.add_done_callback(self._deliveries.discard)
+        return True
 
     async def _deliver(self, config: Any, received: Any) -> None:
         epoch = self._epoch
@@ -170,6 +181,9 @@ class PushWorker:
             try:
                 await self.host.acknowledge(self.subscription, [ack_id])
             except ServiceError:  # the subscription went meanwhile
+                return
+            except Exception:  # the store failed: the message stays stored, and is pushed again later
+                logger.exception("Acknowledging a pushed message of %s failed.", self.subscription)
                 return
             self.delivered += 1
             self.backoff = 0.0

@@ -179,6 +179,36 @@ class PubSubServicer:
         await self.core.delete_subscription(request.subscription)
         return _Empty()
 
+    # Replay: snapshots and Seek (see _replay.py).
+    async def CreateSnapshot(self, request: Any, context: Any) -> Any:
+        return await self.core.replay.create_snapshot(request.name, request.subscription, request.labels)
+
+    async def GetSnapshot(self, request: Any, context: Any) -> Any:
+        return self.core.replay.get_snapshot(request.snapshot)
+
+    async def ListSnapshots(self, request: Any, context: Any) -> Any:
+        lister = self.core.replay.list_snapshots
+        return _paged(_pb.ListSnapshotsResponse, "snapshots", lister, request.project, request)
+
+    async def ListTopicSnapshots(self, request: Any, context: Any) -> Any:
+        lister = self.core.replay.list_topic_snapshots
+        return _paged(_pb.ListTopicSnapshotsResponse, "snapshots", lister, request.topic, request)
+
+    async def UpdateSnapshot(self, request: Any, context: Any) -> Any:
+        return await self.core.replay.update_snapshot(request.snapshot, list(request.update_mask.paths))
+
+    async def DeleteSnapshot(self, request: Any, context: Any) -> Any:
+        await self.core.replay.delete_snapshot(request.snapshot)
+        return _Empty()
+
+    async def Seek(self, request: Any, context: Any) -> Any:
+        target = request.WhichOneof("target")
+        if target is None:
+            raise invalid("A Seek request must give either a time or a snapshot.")
+        publish_ns = request.time.ToNanoseconds() if target == "time" else None
+        await self.core.seek(request.subscription, publish_ns, request.snapshot or None)
+        return _pb.SeekResponse.pb()()
+
     async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
         await self.core.modify_push_config(request.subscription, request.push_config)
         return _Empty()
@@ -445,6 +475,25 @@ _METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
         False,
     ),
     (SUBSCRIBER_SERVICE, "DeleteSubscription", _pb.DeleteSubscriptionRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "CreateSnapshot", _pb.CreateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (SUBSCRIBER_SERVICE, "GetSnapshot", _pb.GetSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (
+        SUBSCRIBER_SERVICE,
+        "ListSnapshots",
+        _pb.ListSnapshotsRequest.pb(),
+        _pb.ListSnapshotsResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "UpdateSnapshot", _pb.UpdateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (SUBSCRIBER_SERVICE, "DeleteSnapshot", _pb.DeleteSnapshotRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Seek", _pb.SeekRequest.pb(), _pb.SeekResponse.pb(), False),
+    (
+        PUBLISHER_SERVICE,
+        "ListTopicSnapshots",
+        _pb.ListTopicSnapshotsRequest.pb(),
+        _pb.ListTopicSnapshotsResponse.pb(),
+        False,
+    ),
     (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
     (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),

@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hedgepub.server._store import PubsubMessage, ResourceKind, Snapshot, resource_class
+from hedgepub.server._store import HOLDING_KINDS, PubsubMessage, ResourceKind, Snapshot, resource_class
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (sequence INTEGER PRIMARY KEY, topic TEXT NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS subscription_ids (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS refs (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS refs_by_sequence ON refs (sequence);
 """
-_TABLES = ("topics", "subscriptions", "policies", "schemas")
+_TABLES = ("topics", "subscriptions", "policies", "schemas", "snapshots")
 #: Most operations folded into one transaction, so one commit never grows without bound.
 _MAX_GROUP = 512
 #: The reference that keeps a message published to a topic without subscriptions (``keep_unsubscribed``).
@@ -140,7 +141,13 @@ class SqliteStore:
         connection = self._reader
         for table, target in zip(
             _TABLES,
-            (snapshot.topics, snapshot.subscriptions, snapshot.policies, snapshot.schemas),
+            (
+                snapshot.topics,
+                snapshot.subscriptions,
+                snapshot.policies,
+                snapshot.schemas,
+                snapshot.snapshots,
+            ),
             strict=True,
         ):
             message_class = resource_class(table)  # type: ignore[arg-type]
@@ -273,10 +280,7 @@ class SqliteStore:
         if kind not in _TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
         data = body.SerializeToString()
-        identifier = None
-        if kind == "subscriptions" and name not in self._ids:
-            identifier = self._ids[name] = self._next_id
-            self._next_id += 1
+        identifier = self._new_identifier(name) if kind in HOLDING_KINDS else None
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"INSERT OR REPLACE INTO {kind} (name, body) VALUES (?, ?)", (name, data))
@@ -292,19 +296,101 @@ class SqliteStore:
         if kind not in _TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
         # Forgotten at once, so that no append called from now on references the subscription.
-        identifier = self._ids.pop(name, None) if kind == "subscriptions" else None
+        identifier = self._ids.pop(name, None) if kind in HOLDING_KINDS else None
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"DELETE FROM {kind} WHERE name = ?", (name,))
             if identifier is not None:
-                sequences = connection.execute(
-                    "SELECT sequence FROM refs WHERE subscription = ?", (identifier,)
-                ).fetchall()
-                connection.execute("DELETE FROM refs WHERE subscription = ?", (identifier,))
-                connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
-                _drop_unreferenced(connection, sequences)
+                _drop_holder(connection, identifier)
 
         await self._write(operation)
+
+    # ------------------------------------------------------------ replay: holders of references
+    def _new_identifier(self, holder: str) -> int | None:
+        """A new id for ``holder`` (its row is the caller's to write), or ``None`` if it has one."""
+        if holder in self._ids:
+            return None
+        identifier = self._ids[holder] = self._next_id
+        self._next_id += 1
+        return identifier
+
+    async def register(self, holder: str) -> None:
+        """Give ``holder`` an id its references carry (idempotent)."""
+        identifier = self._new_identifier(holder)
+        if identifier is None:
+            return
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.execute(
+                "INSERT OR REPLACE INTO subscription_ids (id, name) VALUES (?, ?)", (identifier, holder)
+            )
+
+        await self._write(operation)
+
+    async def release(self, holder: str) -> None:
+        """Drop ``holder``'s references and the messages only they kept."""
+        identifier = self._ids.pop(holder, None)
+        if identifier is None:
+            return
+
+        def operation(connection: sqlite3.Connection) -> None:
+            _drop_holder(connection, identifier)
+
+        await self._write(operation)
+
+    async def reference(self, holder: str, sequences: Iterable[int]) -> None:
+        """Reference stored messages from ``holder`` (those no longer stored are skipped)."""
+        await self.register(holder)
+        identifier = self._ids[holder]
+        rows = [(identifier, sequence) for sequence in sequences]
+        if not rows:
+            return
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "INSERT OR IGNORE INTO refs (subscription, sequence) "
+                "SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM messages WHERE sequence = ?2)",
+                rows,
+            )
+
+        await self._write(operation)
+
+    def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
+        """The sequences ``holder`` references in ``[low, high)`` (what has been committed)."""
+        identifier = self._ids.get(holder)
+        if identifier is None:
+            return []
+        rows = self._reader.execute(
+            "SELECT sequence FROM refs WHERE subscription = ? AND sequence >= ? AND sequence < ? "
+            "ORDER BY sequence",
+            (identifier, low, high if high is not None else 2**62),
+        ).fetchall()
+        return [sequence for (sequence,) in rows]
+
+    def first_sequence_at(self, publish_ns: int) -> int | None:
+        """Binary search on ``messages`` by sequence, reading the publish time of each probe."""
+        connection = self._reader
+
+        def first_from(sequence: int) -> Any:
+            return connection.execute(
+                "SELECT sequence, body FROM messages WHERE sequence >= ? ORDER BY sequence LIMIT 1",
+                (sequence,),
+            ).fetchone()
+
+        lowest, highest = connection.execute("SELECT MIN(sequence), MAX(sequence) FROM messages").fetchone()
+        if lowest is None:
+            return None
+        # Smallest s such that the first message at or after s is published at or after the time (or none).
+        low, high = lowest, highest + 1
+        while low < high:
+            middle = (low + high) // 2
+            row = first_from(middle)
+            if row is not None and _publish_ns(row[1]) < publish_ns:
+                low = row[0] + 1
+            else:
+                high = middle
+        row = first_from(low)
+        return row[0] if row is not None else None
 
     async def append(
         self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
@@ -404,6 +490,21 @@ def _keep_counter_above(connection: sqlite3.Connection, highest_query: str, *par
         "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
         parameters,
     )
+
+
+def _publish_ns(body: bytes) -> int:
+    stamp = PubsubMessage.FromString(body).publish_time
+    return stamp.seconds * 1_000_000_000 + stamp.nanos
+
+
+def _drop_holder(connection: sqlite3.Connection, identifier: int) -> None:
+    """Delete a holder's references, its id, and the messages only it kept."""
+    sequences = connection.execute(
+        "SELECT sequence FROM refs WHERE subscription = ?", (identifier,)
+    ).fetchall()
+    connection.execute("DELETE FROM refs WHERE subscription = ?", (identifier,))
+    connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
+    _drop_unreferenced(connection, sequences)
 
 
 def _drop_unreferenced(connection: sqlite3.Connection, sequences: list[tuple[int]]) -> None:

@@ -31,15 +31,19 @@ Subscription: Any = pubsub_types.Subscription.pb()
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 Policy: Any = policy_pb2.Policy
 Schema: Any = schema_types.Schema.pb()
+PubsubSnapshot: Any = pubsub_types.Snapshot.pb()
 
 #: Which table a resource lives in (schemas: one record per revision, named ``{schema}@{revision_id}``).
-ResourceKind = Literal["topics", "subscriptions", "policies", "schemas"]
+ResourceKind = Literal["topics", "subscriptions", "policies", "schemas", "snapshots"]
 _RESOURCE_CLASSES: dict[str, Any] = {
     "topics": Topic,
     "subscriptions": Subscription,
     "policies": Policy,
     "schemas": Schema,
+    "snapshots": PubsubSnapshot,
 }
+#: Kinds whose resources hold references to messages (a snapshot keeps what it may replay).
+HOLDING_KINDS = frozenset({"subscriptions", "snapshots"})
 
 
 def resource_class(kind: ResourceKind) -> Any:
@@ -83,6 +87,8 @@ class Snapshot:
     policies: dict[str, Any] = field(default_factory=dict)
     #: ``{schema}@{revision_id}`` -> that revision (a ``Schema``).
     schemas: dict[str, Any] = field(default_factory=dict)
+    #: Pub/Sub snapshots (``google.pubsub.v1.Snapshot``) by name.
+    snapshots: dict[str, Any] = field(default_factory=dict)
     #: the sequence number the next published message gets.
     next_sequence: int = 1
 
@@ -113,6 +119,24 @@ class Store(Protocol):
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on a topic, in publish order."""
 
+    # Replay (retention, snapshots, seek): a "holder" is a subscription, a snapshot, or a retention holder
+    # the core names (a subscription's retained acknowledged messages, a topic's retained messages).
+    async def register(self, holder: str) -> None:
+        """Make ``holder`` able to hold references (idempotent; subscriptions and snapshots already are)."""
+
+    async def release(self, holder: str) -> None:
+        """Drop every reference ``holder`` has (and the messages only they kept); forget the holder."""
+
+    async def reference(self, holder: str, sequences: Iterable[int]) -> None:
+        """Add references from ``holder`` to stored messages (sequences no longer stored are skipped)."""
+
+    def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
+        """The sequences ``holder`` references in ``[low, high)``, in order."""
+
+    def first_sequence_at(self, publish_ns: int) -> int | None:
+        """The sequence of the first stored message published at or after ``publish_ns`` (ns since the
+        epoch); ``None`` if there is none. Sequences follow publish times."""
+
     async def clear(self) -> None:
         """Delete everything."""
 
@@ -139,6 +163,20 @@ class _References:
             if sequence not in live:
                 live.add(sequence)
                 self.order.append(sequence)
+
+    def insert(self, sequence: int) -> bool:
+        """Add one sequence anywhere in the order (replay adds older ones); whether it was new."""
+        if sequence in self.live:
+            return False
+        self.live.add(sequence)
+        order = self.order
+        if not order or order[-1] < sequence:
+            order.append(sequence)
+        else:
+            index = bisect.bisect_left(order, sequence)
+            if index == len(order) or order[index] != sequence:
+                order.insert(index, sequence)
+        return True
 
     def remove(self, sequence: int) -> bool:
         try:
@@ -185,6 +223,7 @@ class MemoryStore:
             ("subscriptions", snapshot.subscriptions),
             ("policies", snapshot.policies),
             ("schemas", snapshot.schemas),
+            ("snapshots", snapshot.snapshots),
         ):
             for name, body in self._resources[kind].items():
                 target[name] = _copy(body)
@@ -193,17 +232,14 @@ class MemoryStore:
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
         """Keep a copy, so later changes by the caller do not leak in."""
         self._resources[kind][name] = _copy(body)
-        if kind == "subscriptions":
+        if kind in HOLDING_KINDS:
             self._references.setdefault(name, _References())
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
         """Drop the resource (and a subscription's references)."""
         self._resources[kind].pop(name, None)
-        if kind == "subscriptions":
-            references = self._references.pop(name, None)
-            if references is not None:
-                for sequence in references.live:
-                    self._unreference(sequence)
+        if kind in HOLDING_KINDS:
+            await self.release(name)
 
     async def append(
         self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
@@ -250,6 +286,47 @@ class MemoryStore:
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on ``topic``, in publish order."""
         return [(sequence, entry[1]) for sequence, entry in self._messages.items() if entry[0] == topic]
+
+    async def register(self, holder: str) -> None:
+        """Give ``holder`` an (empty) set of references."""
+        self._references.setdefault(holder, _References())
+
+    async def release(self, holder: str) -> None:
+        """Drop ``holder`` and its references."""
+        references = self._references.pop(holder, None)
+        if references is not None:
+            for sequence in references.live:
+                self._unreference(sequence)
+
+    async def reference(self, holder: str, sequences: Iterable[int]) -> None:
+        """Reference stored messages from ``holder``."""
+        references = self._references.setdefault(holder, _References())
+        stored = self._messages
+        for sequence in sequences:
+            entry = stored.get(sequence)
+            if entry is not None and references.insert(sequence):
+                entry[2] += 1
+
+    def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
+        """The sequences ``holder`` references in ``[low, high)``."""
+        references = self._references.get(holder)
+        if references is None:
+            return []
+        found = references.after(low - 1, len(references.live))
+        return found if high is None else [sequence for sequence in found if sequence < high]
+
+    def first_sequence_at(self, publish_ns: int) -> int | None:
+        """Binary search over the stored messages, which are in publish order."""
+        entries = list(self._messages.items())
+        low, high = 0, len(entries)
+        while low < high:
+            middle = (low + high) // 2
+            stamp = entries[middle][1][1].publish_time
+            if stamp.seconds * 1_000_000_000 + stamp.nanos < publish_ns:
+                low = middle + 1
+            else:
+                high = middle
+        return entries[low][0] if low < len(entries) else None
 
     async def clear(self) -> None:
         """Forget everything (the sequence keeps counting, so IDs stay unique)."""
