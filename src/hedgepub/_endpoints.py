@@ -16,6 +16,7 @@ escapes it, as "The Tail at Scale" sends its backup request to another replica.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,11 @@ from types import MappingProxyType
 
 from hdrh.histogram import HdrHistogram
 
+from hedgepub._exceptions import RpcError
+from hedgepub._status import StatusCode
 from hedgepub._transport import Transport
+
+_LOGGER = logging.getLogger("hedgepub")
 
 # Microseconds from 1 us to one hour, three significant digits, as the publisher's batch latencies.
 _LOWEST_US = 1
@@ -153,6 +158,7 @@ class EndpointRoutes:
         self._connect = tuple(connect)
         self._transports: list[Transport | None] = [None] * len(labels)
         self._recorders = tuple(_EndpointRecorder() for _ in labels)
+        self._all_open = False
 
     @property
     def hedge_endpoint_count(self) -> int:
@@ -172,11 +178,38 @@ class EndpointRoutes:
         return any(transport is not None for transport in self._transports)
 
     def transport(self, index: int) -> Transport:
-        """Endpoint ``index``'s transport, opened on first use."""
+        """Endpoint ``index``'s transport, opened on first use.
+
+        A hedge endpoint that cannot be opened raises a retryable ``UNAVAILABLE``
+        :class:`~hedgepub.RpcError`, which ends its hedge quietly, as an unreachable endpoint's would.
+        """
         transport = self._transports[index]
         if transport is None:
-            transport = self._transports[index] = self._connect[index]()
+            try:
+                transport = self._transports[index] = self._connect[index]()
+            except Exception as error:
+                if index == 0:
+                    raise
+                raise RpcError(
+                    StatusCode.UNAVAILABLE, f"cannot open hedge endpoint {self.labels[index]}: {error}"
+                ) from error
         return transport
+
+    def open_all(self) -> None:
+        """Open every endpoint's transport now (once), so that no hedge waits for its connection.
+
+        A hedge endpoint that cannot even be opened is left for :meth:`transport` to report on each of
+        its hedges; only the primary's failure propagates.
+        """
+        if self._all_open:
+            return
+        self.transport(0)
+        self._all_open = True
+        for index in range(1, len(self.labels)):
+            try:
+                self.transport(index)
+            except Exception:
+                _LOGGER.warning("hedgepub: cannot open hedge endpoint %s", self.labels[index], exc_info=True)
 
     def recorder(self, index: int) -> _EndpointRecorder:
         """Endpoint ``index``'s counters."""
@@ -211,6 +244,7 @@ class EndpointRoutes:
     async def close(self) -> None:
         """Close every transport that was opened."""
         transports, self._transports = self._transports, [None] * len(self.labels)
+        self._all_open = False
         for transport in transports:
             if transport is not None:
                 await transport.close()

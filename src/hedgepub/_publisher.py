@@ -316,9 +316,14 @@ class _PublisherCore:
             self._credentials, _project = google.auth.default(scopes=SCOPES)
 
         def connect(target: ChannelTarget) -> Callable[[], Transport]:
-            return lambda: GrpcTransport(
-                create_channel(target, self._credentials, root_certificates=self._root_certificates)
-            )
+            def open_channel() -> Transport:
+                channel = create_channel(target, self._credentials, root_certificates=self._root_certificates)
+                # Connect (TCP, TLS) now: a hedge endpoint is first needed in a stall, the worst moment
+                # to pay for a handshake.
+                channel.get_state(try_to_connect=True)
+                return GrpcTransport(channel)
+
+            return open_channel
 
         def ready(made: Transport) -> Callable[[], Transport]:
             return lambda: made
@@ -599,7 +604,7 @@ class _PublisherCore:
         routes = self.routes
         clock = self.clock
         try:
-            routes.transport(0)  # the primary's channel opens before the first attempt, as it always did
+            routes.open_all()  # every endpoint's channel opens with the first batch, hedge endpoints too
             if self.telemetry is not None:
                 traced = self.telemetry.start_batch(batch)
             request = batch.request
@@ -615,7 +620,8 @@ class _PublisherCore:
                 recorder = routes.recorder(index)
                 sent_at = clock.now()
                 try:
-                    ids = await routes.transport(index).publish(
+                    transport = routes.transport(index)
+                    ids = await transport.publish(
                         request, request_metadata(topic, batch_id, attempt_number), timeout
                     )
                 except Exception:  # not CancelledError: a loser cancelled by the engine did not fail

@@ -222,12 +222,16 @@ class TestConfig:
         assert (unhedged.name, unhedged.hedging) == ("unhedged", None)
         assert fixed.name == "fixed-100ms" and fixed.hedging.hedge_delay == 0.1  # type: ignore[union-attr]
         assert adaptive.name == "adaptive" and adaptive.hedging.adaptive_delay is not None  # type: ignore[union-attr]
+        p90 = BenchConfig(hedge_delays=("auto", "auto:90")).publishers()[2]
+        assert p90.name == "adaptive-p90" and p90.hedging.adaptive_delay.percentile == 90  # type: ignore[union-attr]
 
     @pytest.mark.parametrize(
         ("field", "value", "message"),
         [
             ("hedge_delays", (0.05,), "hedge_delay"),
             ("hedge_delays", ("fast",), "'auto'"),
+            ("hedge_delays", ("auto:high",), "must be a number"),
+            ("hedge_delays", ("auto:40",), "percentile"),
             ("hedge_delays", (), "at least one"),
             ("hedge_delays", (0.1, 0.1), "must not repeat"),
             ("max_tokens", 0, "max_tokens"),

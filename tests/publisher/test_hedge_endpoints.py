@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -18,6 +18,7 @@ from hedgepub import (
     RpcError,
     StatusCode,
 )
+from hedgepub._endpoints import EndpointRoutes
 from hedgepub._transport import ScriptedTransport
 from hedgepub._virtual_time import virtual_time
 from hedgepub.bench import AdminClient
@@ -171,6 +172,33 @@ async def test_no_token_no_hedge_to_any_endpoint() -> None:
     assert other.calls == []
     assert publisher.stats().hedges_skipped == 1
     await publisher.shutdown()
+
+
+def test_every_endpoint_is_opened_once_before_the_first_attempt() -> None:
+    opened: list[str] = []
+
+    def opener(label: str) -> Callable[[], ScriptedTransport]:
+        def connect() -> ScriptedTransport:
+            opened.append(label)
+            return ScriptedTransport()
+
+        return connect
+
+    def broken() -> ScriptedTransport:
+        raise OSError("no such certificate file")
+
+    routes = EndpointRoutes(
+        ["primary", "a:1", "b:2", "c:3"], [opener("primary"), opener("a:1"), opener("b:2"), broken]
+    )
+    routes.open_all()
+    routes.open_all()
+    assert opened == ["primary", "a:1", "b:2"]
+    assert [routes.index_for(number) for number in range(6)] == [0, 1, 2, 3, 1, 2]
+    # An endpoint that cannot be opened fails its hedges as an unreachable one would: retryably.
+    with pytest.raises(RpcError) as raised:
+        routes.transport(3)
+    assert raised.value.code is StatusCode.UNAVAILABLE
+    assert "cannot open hedge endpoint c:3: no such certificate file" in str(raised.value)
 
 
 def test_hedge_endpoints_are_checked_at_construction() -> None:

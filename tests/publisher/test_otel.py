@@ -7,6 +7,9 @@ state is touched.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -248,3 +251,59 @@ def test_without_the_extra_enabling_says_what_to_install(
         PublisherClient(enable_open_telemetry=True)
     with PublisherClient() as plain:  # off: never imports it
         assert plain._core.telemetry is None
+
+
+_SUBSCRIBER_SCRIPT = """
+import json, sys, threading
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from google.cloud import pubsub_v1
+from hedgepub import PublisherClient
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # the official subscriber traces to the global provider only
+topic, subscription = sys.argv[1], sys.argv[2]
+with PublisherClient(enable_open_telemetry=True) as publisher:
+    publisher.publish(topic, b"traced end to end").result(timeout=30)
+received = threading.Event()
+def callback(message):
+    message.ack()
+    received.set()
+options = pubsub_v1.types.SubscriberOptions(enable_open_telemetry_tracing=True)
+subscriber = pubsub_v1.SubscriberClient(subscriber_options=options)
+future = subscriber.subscribe(subscription, callback)
+assert received.wait(30), "no message received"
+future.cancel()
+future.result(timeout=30)
+subscriber.close()
+print(json.dumps([
+    {"name": span.name, "trace": span.context.trace_id, "id": span.context.span_id,
+     "parent": span.parent.span_id if span.parent else None}
+    for span in exporter.get_finished_spans()
+]))
+"""
+
+
+def test_the_official_subscriber_with_tracing_on_continues_the_trace(
+    server: LocalServer, topic: str, subscription: str
+) -> None:
+    # A fresh interpreter: the official client traces to the global tracer provider, set once per process.
+    done = subprocess.run(
+        [sys.executable, "-c", _SUBSCRIBER_SCRIPT, topic, subscription],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PUBSUB_EMULATOR_HOST": server.address},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    spans = json.loads(done.stdout.strip().splitlines()[-1])
+    (create,) = [span for span in spans if span["name"].endswith(" create")]
+    subscribes = [span for span in spans if span["name"].endswith(" subscribe")]
+    assert subscribes, [span["name"] for span in spans]
+    # The official subscriber's span is a child of hedgepub's create span, in the same trace.
+    assert all((span["trace"], span["parent"]) == (create["trace"], create["id"]) for span in subscribes)

@@ -103,3 +103,18 @@ async def test_the_first_sequence_at_a_time(stores: tuple[Store, Reopen], second
     await store.ack(SUBSCRIPTION, [1, 4])  # gaps in the sequence do not matter
     after_gaps = {1: 2, 4: 5}.get(expected, expected) if expected is not None else None
     assert store.first_sequence_at(second * 1_000_000_000) == after_gaps
+
+
+async def test_exactly_once_leases_are_recorded_and_go_with_their_subscription(
+    stores: tuple[Store, Reopen],
+) -> None:
+    store, reopen = stores
+    await fill(store)
+    await store.put_leases(SUBSCRIPTION, [(1, "abcdef01-1", 100), (2, "abcdef01-2", 200)])
+    await store.put_leases(SUBSCRIPTION, [(2, "abcdef01-3", 300)])  # a later lease of the same message
+    await store.drop_leases(SUBSCRIPTION, [1, 7])
+    store = await reopen()
+    assert store.leases(SUBSCRIPTION) == [(2, "abcdef01-3", 300)]
+    await store.delete("subscriptions", SUBSCRIPTION)
+    store = await reopen()
+    assert store.leases(SUBSCRIPTION) == []

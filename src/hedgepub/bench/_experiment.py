@@ -49,8 +49,9 @@ MAX_WARMUP = 5_000
 WARMUP_CONCURRENCY = 32
 _PROJECT = "hedgepub-bench"
 
-#: A hedged publisher's delay: fixed seconds, or ``"auto"`` for :class:`~hedgepub.AdaptiveDelay`.
-HedgeDelayChoice = float | Literal["auto"]
+#: A hedged publisher's delay: fixed seconds, ``"auto"`` for :class:`~hedgepub.AdaptiveDelay` (p95), or
+#: ``"auto:P"`` for the adaptive delay at percentile P (publisher ``adaptive-pP``).
+HedgeDelayChoice = float | str
 #: The name of the adaptive publisher (``"auto"`` in ``hedge_delays``).
 ADAPTIVE = "adaptive"
 #: What the bench injects: a latency mix drawn per call, or stall windows on one of two servers.
@@ -72,6 +73,14 @@ class PublisherSpec:
     hedging: HedgingSettings | None
     #: Whether its hedges go to the correlated-stalls scenario's second server.
     cross_endpoint: bool = False
+
+
+def _percentile_of(choice: str) -> float:
+    """The percentile of an ``auto:P`` choice, e.g. ``auto:90`` -> 90.0 (AdaptiveDelay checks its range)."""
+    try:
+        return float(choice.removeprefix("auto:"))
+    except ValueError:
+        raise ValueError(f"{choice!r}: the percentile after 'auto:' must be a number, e.g. auto:90") from None
 
 
 def fixed_name(delay: float) -> str:
@@ -157,14 +166,20 @@ class BenchConfig:
             )
             return (*specs, PublisherSpec(HEDGED, hedging), PublisherSpec(CROSS_ENDPOINT, hedging, True))
         for delay in self.hedge_delays:
-            if delay == "auto":
+            if isinstance(delay, str) and (delay == "auto" or delay.startswith("auto:")):
+                percentile = 95.0 if delay == "auto" else _percentile_of(delay)
                 hedging = HedgingSettings(
-                    max_tokens=self.max_tokens, refill_ratio=self.refill_ratio, adaptive_delay=AdaptiveDelay()
+                    max_tokens=self.max_tokens,
+                    refill_ratio=self.refill_ratio,
+                    adaptive_delay=AdaptiveDelay(percentile=percentile),
                 )
-                specs.append(PublisherSpec(ADAPTIVE, hedging))
+                name = ADAPTIVE if delay == "auto" else f"{ADAPTIVE}-p{hedging.adaptive_delay.percentile:g}"  # type: ignore[union-attr]
+                specs.append(PublisherSpec(name, hedging))
                 continue
             if isinstance(delay, str):
-                raise ValueError(f"hedge_delay must be seconds (0.1 to 10) or 'auto'; got {delay!r}")
+                raise ValueError(
+                    f"hedge_delay must be seconds (0.1 to 10), 'auto' or 'auto:PERCENTILE'; got {delay!r}"
+                )
             hedging = HedgingSettings(
                 hedge_delay=delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
             )

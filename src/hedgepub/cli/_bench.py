@@ -92,21 +92,27 @@ def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) 
     delays: list[float | str] = []
     for part in value.split(","):
         part = part.strip()
-        if part == "auto":
-            delays.append("auto")
+        if part == "auto" or part.startswith("auto:"):
+            delays.append(part)
             continue
         try:
             delays.append(float(part))
         except ValueError:
             raise click.BadParameter(
-                f"{part!r} is neither seconds (0.1 to 10) nor 'auto'; give e.g. 0.1,1,auto"
+                f"{part!r} is neither seconds (0.1 to 10) nor 'auto' (or 'auto:PERCENTILE'); "
+                "give e.g. 0.1,1,auto"
             ) from None
     return tuple(delays)
 
 
 def _delay_text(delays: tuple[float | str, ...]) -> str:
     return ", ".join(
-        "adaptive (p95)" if delay == "auto" else f"{float(delay) * 1000:g} ms" for delay in delays
+        "adaptive (p95)"
+        if delay == "auto"
+        else f"adaptive (p{delay[5:]})"
+        if isinstance(delay, str)
+        else f"{float(delay) * 1000:g} ms"
+        for delay in delays
     )
 
 
@@ -158,7 +164,7 @@ _check_mix = _checked_by("LatencyMix")
     show_default=True,
     callback=_parse_hedge_delays,
     help="One hedged publisher per comma-separated entry: seconds before a hedge (0.1 to 10), or "
-    "'auto' for the adaptive delay (p95 of recent latency).",
+    "'auto' for the adaptive delay (p95 of recent latency), 'auto:90' for another percentile.",
 )
 @click.option(
     "--max-tokens",

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from google.iam.v1 import policy_pb2
@@ -126,7 +126,9 @@ class PubSubCore:
         except RuntimeError:  # loaded outside a loop (some tests): push and replay start with the next change
             return
         self.replay.start()
-        for name in self._subscriptions:
+        for name, state in self._subscriptions.items():
+            if state.config.enable_exactly_once_delivery and not state.config.detached:
+                self._restore_leases(state)
             self.push.sync(name)
 
     def _new_state(self, config: Any) -> SubscriptionState:
@@ -508,6 +510,7 @@ class PubSubCore:
         consumer = Consumer(float(state.config.ack_deadline_seconds))
         taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
+            await self._record_leases(state, taken)
             return taken
         end = self._clock.now() + wait_seconds
         while not taken:
@@ -518,6 +521,7 @@ class PubSubCore:
                 break
             state = self._deliverable(subscription)
             taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+        await self._record_leases(state, taken)
         return taken
 
     async def next_batch(self, subscription: str, consumer: Consumer) -> list[Any]:
@@ -526,9 +530,48 @@ class PubSubCore:
             state = self._deliverable(subscription)
             taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
+                await self._record_leases(state, taken)
                 return taken
             await state.wait_changed()
         return []
+
+    # Exactly-once leases outlive a restart: recorded before the messages are handed out, forgotten on
+    # acknowledgement, rewritten on a modack (in the background), and restored by load().
+    def _lease_rows(self, state: SubscriptionState, ack_ids: Iterable[str]) -> list[tuple[int, str, int]]:
+        now_ns, now = self.wall_clock_ns(), self._clock.now()
+        rows = []
+        for ack_id in ack_ids:
+            lease = state.leases.get(ack_id)
+            if lease is not None:
+                rows.append((lease.pending.sequence, ack_id, now_ns + round((lease.deadline - now) * 1e9)))
+        return rows
+
+    async def _record_leases(self, state: SubscriptionState, taken: list[Any]) -> None:
+        if taken and state.config.enable_exactly_once_delivery:
+            rows = self._lease_rows(state, [received.ack_id for received in taken])
+            await self._store.put_leases(state.name, rows)
+
+    def _modified(self, state: SubscriptionState, ack_ids: Sequence[str], before: dict[str, int]) -> None:
+        """After a modack on an exactly-once subscription: record new deadlines, forget ended leases."""
+        ended = [sequence for ack_id, sequence in before.items() if ack_id not in state.leases]
+        if ended:
+            self._spawn(self._store.drop_leases(state.name, ended))
+        rows = self._lease_rows(state, ack_ids)
+        if rows:
+            self._spawn(self._store.put_leases(state.name, rows))
+
+    def _restore_leases(self, state: SubscriptionState) -> None:
+        """load(): leases of an exactly-once subscription recorded before a restart hold again."""
+        now_ns = self.wall_clock_ns()
+        stale = []
+        for sequence, ack_id, deadline_ns in self._store.leases(state.name):
+            page = self._store.pending(state.name, sequence - 1, 1)
+            if deadline_ns <= now_ns or not page or page[0][0] != sequence:
+                stale.append(sequence)
+            else:
+                state.restore_lease(sequence, page[0][1], ack_id, (deadline_ns - now_ns) / 1e9)
+        if stale:
+            self._spawn(self._store.drop_leases(state.name, stale))
 
     def close_consumer(self, subscription: str, consumer: Consumer) -> None:
         """The stream ended; its leases keep their deadlines and run out as the real service's do."""
@@ -552,6 +595,8 @@ class PubSubCore:
         if done:
             await self.replay.acknowledged(state.config, done)
             await self._store.ack(subscription, done)
+            if state.config.enable_exactly_once_delivery:
+                await self._store.drop_leases(subscription, done)
         if failures and report:
             raise limits.ack_id_failures(failures)
 
@@ -562,7 +607,10 @@ class PubSubCore:
         self._expiration.touch(subscription)
         limits.check_ack_deadline(seconds, allow_zero=True, field="ack_deadline_seconds")
         failures = self._check_ack_ids(state, ack_ids)
+        before = self._leased(state, ack_ids)
         state.modify(ack_ids, seconds)
+        if before:
+            self._modified(state, ack_ids, before)
         if failures:
             raise limits.ack_id_failures(failures)
 
@@ -578,8 +626,19 @@ class PubSubCore:
         self._check_ack_ids(state, ack_ids)
         for value in seconds:
             limits.check_ack_deadline(value, allow_zero=True, field="modify_deadline_seconds")
+        before = self._leased(state, ack_ids)
         for ack_id, value in zip(ack_ids, seconds, strict=True):
             state.modify((ack_id,), value)
+        if before:
+            self._modified(state, ack_ids, before)
+
+    @staticmethod
+    def _leased(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, int]:
+        """Of an exactly-once subscription: the sequences leased under ``ack_ids`` (else nothing)."""
+        if not state.config.enable_exactly_once_delivery:
+            return {}
+        leases = state.leases
+        return {ack_id: leases[ack_id].pending.sequence for ack_id in ack_ids if ack_id in leases}
 
     @staticmethod
     def _check_ack_ids(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, str]:

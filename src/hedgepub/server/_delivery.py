@@ -249,6 +249,8 @@ class SubscriptionState:
         self.deleted = False
         self.cursor = 0
         self.more = pages is not None
+        #: sequences leased before a restart (exactly-once) and restored as leases: a refill skips them.
+        self.restored: set[int] = set()
 
     @property
     def name(self) -> str:
@@ -352,8 +354,12 @@ class SubscriptionState:
         page = self._pages(self.name, self.cursor, room)
         refused: list[int] = []
         filtered = bool(self.config.filter)
+        restored = self.restored
         for sequence, message in page:
             self.cursor = sequence
+            if restored and sequence in restored:
+                restored.discard(sequence)  # already in memory, under its restored lease
+                continue
             if filtered and not self.matches(message.attributes):
                 refused.append(sequence)
             else:
@@ -442,6 +448,23 @@ class SubscriptionState:
         if out:
             leasing.schedule(deadline)
         return out, expired
+
+    def restore_lease(self, sequence: int, message: Any, ack_id: str, remaining: float) -> None:
+        """Exactly-once, after a restart: a lease granted before it, still valid for ``remaining`` seconds,
+        holds again under the same ack ID (so it can be acknowledged, and is not delivered meanwhile)."""
+        leasing = self._leasing
+        pending = Pending(sequence, message)
+        pending.attempts = 1
+        consumer = Consumer(remaining)
+        consumer.closed = True  # nobody is receiving through it; it only carries the flow counters
+        consumer.outstanding_messages = 1
+        consumer.outstanding_bytes = pending.size
+        lease = Lease(ack_id, pending, consumer, leasing.clock.now() + remaining, self)
+        self.leases[ack_id] = lease
+        leasing.live += 1
+        leasing.watch(lease)
+        leasing.schedule(lease.deadline)
+        self.restored.add(sequence)
 
     def _release_flow(self, lease: Lease) -> None:
         lease.active = False
@@ -540,6 +563,7 @@ class SubscriptionState:
         """A Seek rewrote the backlog in the store: drop what memory holds (leases included, so their ack
         IDs stop counting) and read the backlog again from its start."""
         self.drain()
+        self.restored.clear()
         self.cursor = 0
         self.more = self._pages is not None
         self.notify()

@@ -320,17 +320,21 @@ class Replay:
         """Drop references past their retention: subscriptions' backlogs and retained acknowledged
         messages (the subscription's retention), topics' retained messages (the topic's)."""
         now = self._wall_ns()
+        # Most subscriptions share a retention: search the store once per distinct cut-off.
+        thresholds: dict[int, int | None] = {}
         for state in list(self._subscriptions()):
             config = state.config
             retention = _retention_ns(config) or limits.DEFAULT_RETENTION_SECONDS * 1_000_000_000
-            await self._drop_before(config.name, now - retention)
-            await self._drop_before(acked_holder(config.name), now - retention)
+            await self._drop_before(config.name, now - retention, thresholds)
+            await self._drop_before(acked_holder(config.name), now - retention, thresholds)
         for topic, retention in list(self._retained_topics.items()):
-            await self._drop_before(retained_holder(topic), now - retention)
+            await self._drop_before(retained_holder(topic), now - retention, thresholds)
 
-    async def _drop_before(self, holder: str, oldest_kept_ns: int) -> None:
+    async def _drop_before(self, holder: str, oldest_kept_ns: int, thresholds: dict[int, int | None]) -> None:
         store = self._store
-        threshold = store.first_sequence_at(oldest_kept_ns)
+        if oldest_kept_ns not in thresholds:
+            thresholds[oldest_kept_ns] = store.first_sequence_at(oldest_kept_ns)
+        threshold = thresholds[oldest_kept_ns]
         expired = store.referenced(holder) if threshold is None else store.referenced(holder, 0, threshold)
         if expired:
             await store.ack(holder, expired)

@@ -37,6 +37,13 @@ CREATE TABLE IF NOT EXISTS refs (
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (sequence INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    subscription INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    ack_id TEXT NOT NULL,
+    deadline_ns INTEGER NOT NULL,
+    PRIMARY KEY (subscription, sequence)
+) WITHOUT ROWID;
 """
 # How an acknowledgement (subscription ?1, sequence ?2) drops a reference, in this order. A message with
 # one reference has no ``counts`` row (the common case: one subscription, no extra b-tree to write at
@@ -426,6 +433,45 @@ class SqliteStore:
         ).fetchall()
         return [sequence for (sequence,) in rows]
 
+    async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
+        """Record exactly-once leases (replacing earlier ones of the same messages)."""
+        identifier = self._ids.get(subscription)
+        if identifier is None or not leases:
+            return
+        rows = [(identifier, sequence, ack_id, deadline) for sequence, ack_id, deadline in leases]
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "INSERT OR REPLACE INTO leases (subscription, sequence, ack_id, deadline_ns) "
+                "VALUES (?, ?, ?, ?)",
+                rows,
+            )
+
+        await self._write(operation)
+
+    async def drop_leases(self, subscription: str, sequences: Iterable[int]) -> None:
+        """Forget exactly-once leases."""
+        identifier = self._ids.get(subscription)
+        rows = [(identifier, sequence) for sequence in sequences]
+        if identifier is None or not rows:
+            return
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.executemany("DELETE FROM leases WHERE subscription = ? AND sequence = ?", rows)
+
+        await self._write(operation)
+
+    def leases(self, subscription: str) -> list[tuple[int, str, int]]:
+        """The recorded leases of a subscription (what has been committed)."""
+        identifier = self._ids.get(subscription)
+        if identifier is None:
+            return []
+        rows = self._reader.execute(
+            "SELECT sequence, ack_id, deadline_ns FROM leases WHERE subscription = ? ORDER BY sequence",
+            (identifier,),
+        ).fetchall()
+        return [(sequence, ack_id, deadline) for sequence, ack_id, deadline in rows]
+
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search on ``messages`` by sequence, reading the publish time of each probe."""
         connection = self._reader
@@ -502,7 +548,7 @@ class SqliteStore:
 
         def operation(connection: sqlite3.Connection) -> None:
             _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-            for table in (*_TABLES, "refs", "counts", "subscription_ids", "messages"):
+            for table in (*_TABLES, "refs", "counts", "leases", "subscription_ids", "messages"):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation)
@@ -563,6 +609,7 @@ def _drop_holder(connection: sqlite3.Connection, identifier: int) -> None:
         "SELECT subscription, sequence FROM refs WHERE subscription = ?", (identifier,)
     ).fetchall()
     _unreference(connection, rows)
+    connection.execute("DELETE FROM leases WHERE subscription = ?", (identifier,))
     connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
 
 

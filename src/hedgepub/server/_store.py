@@ -137,6 +137,16 @@ class Store(Protocol):
         """The sequence of the first stored message published at or after ``publish_ns`` (ns since the
         epoch); ``None`` if there is none. Sequences follow publish times."""
 
+    # Exactly-once delivery: leases that must outlive a restart.
+    async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
+        """Record leases (sequence, ack ID, deadline in ns since the epoch), replacing earlier ones."""
+
+    async def drop_leases(self, subscription: str, sequences: Iterable[int]) -> None:
+        """Forget the leases of these sequences."""
+
+    def leases(self, subscription: str) -> list[tuple[int, str, int]]:
+        """The recorded leases of a subscription (sequence, ack ID, deadline ns), by sequence."""
+
     async def clear(self) -> None:
         """Delete everything."""
 
@@ -213,6 +223,7 @@ class MemoryStore:
         #: sequence -> [topic, message, references]; insertion (so publish) order.
         self._messages: dict[int, list[Any]] = {}
         self._references: dict[str, _References] = {}
+        self._leases: dict[str, dict[int, tuple[int, str, int]]] = {}
         self._next_sequence = 1
 
     def load(self) -> Snapshot:
@@ -292,7 +303,8 @@ class MemoryStore:
         self._references.setdefault(holder, _References())
 
     async def release(self, holder: str) -> None:
-        """Drop ``holder`` and its references."""
+        """Drop ``holder`` and its references (and a subscription's leases)."""
+        self._leases.pop(holder, None)
         references = self._references.pop(holder, None)
         if references is not None:
             for sequence in references.live:
@@ -312,8 +324,27 @@ class MemoryStore:
         references = self._references.get(holder)
         if references is None:
             return []
-        found = references.after(low - 1, len(references.live))
-        return found if high is None else [sequence for sequence in found if sequence < high]
+        order, live = references.order, references.live
+        start = bisect.bisect_left(order, low)
+        end = len(order) if high is None else bisect.bisect_left(order, high)
+        return [sequence for sequence in order[start:end] if sequence in live]
+
+    async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
+        """Record leases."""
+        table = self._leases.setdefault(subscription, {})
+        for lease in leases:
+            table[lease[0]] = lease
+
+    async def drop_leases(self, subscription: str, sequences: Iterable[int]) -> None:
+        """Forget leases."""
+        table = self._leases.get(subscription)
+        if table is not None:
+            for sequence in sequences:
+                table.pop(sequence, None)
+
+    def leases(self, subscription: str) -> list[tuple[int, str, int]]:
+        """The recorded leases."""
+        return sorted(self._leases.get(subscription, {}).values())
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search over the stored messages, which are in publish order."""
@@ -334,6 +365,7 @@ class MemoryStore:
             table.clear()
         self._messages.clear()
         self._references.clear()
+        self._leases.clear()
 
     async def close(self) -> None:
         """Nothing to release."""
