@@ -44,26 +44,21 @@ HEDGE_DELAY = 1.0  # seconds; a healthy local server answers far sooner, so no h
 
 
 def _serve(
-    address_pipe: multiprocessing.connection.Connection,
-    stop: multiprocessing.synchronize.Event,
-    options: dict[str, Any],
+    address_pipe: multiprocessing.connection.Connection, stop: multiprocessing.synchronize.Event
 ) -> None:
     from hedgepub.server import LocalServer
 
-    with LocalServer(in_memory=True, **options) as server:
+    with LocalServer(in_memory=True) as server:
         address_pipe.send(server.address)
         stop.wait()
 
 
 @contextlib.contextmanager
-def local_server(context: multiprocessing.context.SpawnContext, **options: Any) -> Iterator[str]:
-    """An in-memory local server in a child process; yields its address, also set in PUBSUB_EMULATOR_HOST.
-
-    ``options`` go to its ``LocalServer`` (``rest=False``, ...).
-    """
+def local_server(context: multiprocessing.context.SpawnContext) -> Iterator[str]:
+    """An in-memory local server in a child process; yields its address, also set in PUBSUB_EMULATOR_HOST."""
     receive, send = context.Pipe(duplex=False)
     stop = context.Event()
-    server = context.Process(target=_serve, args=(send, stop, options), daemon=True)
+    server = context.Process(target=_serve, args=(send, stop), daemon=True)
     server.start()
     try:
         address = receive.recv()
