@@ -14,6 +14,10 @@ publishing its share of the N messages (the same total), hedging off and on, in 
 N threads >= 0.95x one thread's rate, hedging off and on alike. The CPU time per message (process CPU
 over the run, all threads) is printed beside each rate.
 
+With ``--no-server``, hedgepub publishes through an in-process scripted transport that answers every
+request at once (no server, no network, no official client): what is measured is the client's own cost,
+the part threads contend for.
+
 With ``--otel`` it measures OpenTelemetry's cost instead: hedgepub's sync client (hedging on, never
 triggered) without OpenTelemetry importable, with it installed but off, on with the API's no-op providers,
 and on with the SDK (spans batched to an exporter that drops them, metrics kept in memory); and, for
@@ -40,26 +44,21 @@ HEDGE_DELAY = 1.0  # seconds; a healthy local server answers far sooner, so no h
 
 
 def _serve(
-    address_pipe: multiprocessing.connection.Connection,
-    stop: multiprocessing.synchronize.Event,
-    options: dict[str, Any],
+    address_pipe: multiprocessing.connection.Connection, stop: multiprocessing.synchronize.Event
 ) -> None:
     from hedgepub.server import LocalServer
 
-    with LocalServer(in_memory=True, **options) as server:
+    with LocalServer(in_memory=True) as server:
         address_pipe.send(server.address)
         stop.wait()
 
 
 @contextlib.contextmanager
-def local_server(context: multiprocessing.context.SpawnContext, **options: Any) -> Iterator[str]:
-    """An in-memory local server in a child process; yields its address, also set in PUBSUB_EMULATOR_HOST.
-
-    ``options`` go to its ``LocalServer`` (``rest=False``, ...).
-    """
+def local_server(context: multiprocessing.context.SpawnContext) -> Iterator[str]:
+    """An in-memory local server in a child process; yields its address, also set in PUBSUB_EMULATOR_HOST."""
     receive, send = context.Pipe(duplex=False)
     stop = context.Event()
-    server = context.Process(target=_serve, args=(send, stop, options), daemon=True)
+    server = context.Process(target=_serve, args=(send, stop), daemon=True)
     server.start()
     try:
         address = receive.recv()
@@ -95,12 +94,22 @@ def _measure(publish_all: Callable[[], int], messages: int) -> float:
     return messages / elapsed
 
 
-def run_hedgepub(topic: str, messages: int, hedging: bool, threads: int = 1) -> tuple[float, int]:
-    """Messages/s of hedgepub's sync client (``threads`` threads sharing it), and the hedges it sent."""
+def run_hedgepub(
+    topic: str, messages: int, hedging: bool, threads: int = 1, server: bool = True
+) -> tuple[float, int]:
+    """Messages/s of hedgepub's sync client (``threads`` threads sharing it), and the hedges it sent.
+
+    Without ``server``, requests go to a scripted transport that answers at once.
+    """
     from hedgepub import HedgingSettings, PublisherClient
 
     settings = HedgingSettings(hedge_delay=HEDGE_DELAY) if hedging else None
-    publisher = PublisherClient(hedging_settings=settings)
+    if server:
+        publisher = PublisherClient(hedging_settings=settings)
+    else:
+        from hedgepub._transport import ScriptedTransport
+
+        publisher = PublisherClient(hedging_settings=settings, transport=ScriptedTransport())
 
     def publish_share(count: int, published: list[int]) -> None:
         publish = publisher.publish
@@ -278,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-official", action="store_true", help="leave the official client out (thread runs only)"
     )
     parser.add_argument(
+        "--no-server",
+        action="store_true",
+        help="hedgepub only, through a transport that answers at once: the client's own cost",
+    )
+    parser.add_argument(
         "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
     )
     parser.add_argument(
@@ -294,26 +308,40 @@ def main(argv: list[str] | None = None) -> int:
             return otel_comparison(address, context, options.messages, options.rounds, variants)
     threaded = options.threads > 1
     names = ["off", "on"] + (["off-threads", "on-threads"] if threaded else [])
-    names += [] if options.no_official else ["official"]
+    names += [] if options.no_official or options.no_server else ["official"]
 
     results: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     hedges = 0
-    with local_server(multiprocessing.get_context("spawn")) as address:
+    with contextlib.ExitStack() as stack:
+        if options.no_server:
+            address = ""
+            topic_of = f"projects/{PROJECT}/topics/{{}}".format
+        else:
+            address = stack.enter_context(local_server(multiprocessing.get_context("spawn")))
+
+            def topic_of(name: str) -> str:
+                return create_topic(address, name)
+
         # Warm-up: imports, channels, server code paths.
-        run_hedgepub(create_topic(address, "warm-up-hedgepub"), 2_000, hedging=False)
-        run_official(create_topic(address, "warm-up-official"), 2_000)
+        run_hedgepub(topic_of("warm-up-hedgepub"), 2_000, hedging=False, server=not options.no_server)
+        if "official" in names:
+            run_official(create_topic(address, "warm-up-official"), 2_000)
         for round_number in range(options.rounds):
             shift = round_number % len(names)
             order = names[shift:] + names[:shift]  # rotate who goes first
             for name in order:
-                topic = create_topic(address, f"round-{round_number}-{name}")
+                topic = topic_of(f"round-{round_number}-{name}")
                 if name == "official":
                     rate = run_official(topic, options.messages)
                 else:
                     threads = options.threads if name.endswith("-threads") else 1
                     rate, sent = run_hedgepub(
-                        topic, options.messages, hedging=name.startswith("on"), threads=threads
+                        topic,
+                        options.messages,
+                        hedging=name.startswith("on"),
+                        threads=threads,
+                        server=not options.no_server,
                     )
                     hedges += sent
                 results[name].append(rate)
@@ -343,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hedges sent: {hedges}")
 
     checks: list[tuple[str, float, float]] = [("hedging on / off", rates["on"] / rates["off"], 0.95)]
-    if not options.no_official:
+    if "official" in names:
         checks.insert(0, ("hedgepub / official", rates["off"] / rates["official"], 4.0))
     if threaded:
         checks += [

@@ -1,11 +1,11 @@
 """Cost of the one-port front: gRPC publish throughput with REST on the same port, against gRPC alone.
 
 With REST on (the default) the server's public port belongs to a front that relays gRPC connections to
-the gRPC face listening privately; with ``rest=False`` gRPC listens on the public port itself. Each
-round starts one in-memory server of each kind (in a child process, as ``publish_throughput.py``
-does, so the server has its own interpreter) and publishes the same messages to it through the
-concurrent raw-bytes publishers of ``server_ingest.py`` (which make the server, not the client, the
-bottleneck, so any cost of the relay shows). Rounds alternate which kind goes first.
+the gRPC face listening privately; with ``--no-rest`` gRPC listens on the public port itself. Each
+round starts one in-memory ``hedgepub serve`` of each kind as its own process (``server_ingest.py``'s
+``ServerProcess``) and publishes the same messages to a topic with one subscription through
+``server_ingest.py``'s concurrent raw-bytes publishers, which make the server, not the client, the
+bottleneck, so any cost of the relay shows. Rounds alternate which kind goes first.
 
 Two figures per kind: messages/s (wall clock) and the server process's CPU time per message (user +
 system, all threads, read from /proc on Linux). On a shared machine the first is at the mercy of the
@@ -21,19 +21,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import statistics
 import sys
 from dataclasses import dataclass
 
-from google.pubsub_v1.types import pubsub as pubsub_types
-
-from publish_throughput import local_server
-from server_ingest import TOPIC, _publish_all
+from server_ingest import (
+    SUBSCRIPTION,
+    TOPIC,
+    ServerProcess,
+    build_request,
+    create_topic_and_subscriptions,
+    publish_requests,
+)
 
 TARGET = 0.90
 KINDS = {"grpc-alone": False, "front": True}
+
+
+class _GrpcAloneServer(ServerProcess):
+    """``hedgepub serve --in-memory --no-rest``: gRPC on the public port, no front."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--no-rest"]
 
 
 @dataclass(frozen=True)
@@ -58,17 +68,22 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 def measure(rest: bool, messages: int, publishers: int, batch: int, size: int) -> Sample:
-    """Publish ``messages`` to a fresh server with the front on (``rest``) or off."""
-    message = pubsub_types.PubsubMessage.pb()(data=b"x" * size)
-    request = pubsub_types.PublishRequest.pb()(topic=TOPIC, messages=[message] * batch)
-    with local_server(multiprocessing.get_context("spawn"), rest=rest) as address:
-        [server] = multiprocessing.active_children()
-        assert server.pid is not None
-        before = _cpu_seconds(server.pid)
+    """Publish ``messages`` to a fresh in-memory server with the front on (``rest``) or off."""
+    server = ServerProcess("memory") if rest else _GrpcAloneServer("memory")
+    server.start()
+    try:
+        assert server.process is not None
+        asyncio.run(create_topic_and_subscriptions(server.address, TOPIC, [SUBSCRIPTION]))
+        requests = max(1, messages // batch)
+        before = _cpu_seconds(server.process.pid)
         run = asyncio.run(
-            _publish_all(address, max(1, messages // batch), publishers, request.SerializeToString(), batch)
+            publish_requests(server.address, requests, publishers, build_request(TOPIC, batch, size))
         )
-        after = _cpu_seconds(server.pid)
+        after = _cpu_seconds(server.process.pid)
+    finally:
+        server.stop()
+    if run.messages != requests * batch:
+        raise RuntimeError(f"{run.messages} messages acknowledged, expected {requests * batch}")
     cpu = None if before is None or after is None else (after - before) / run.messages * 1e6
     return Sample(run.messages_per_second, run.rpc_p50_ms, cpu)
 

@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from google.protobuf import json_format
 
 from hedgepub.server import IamConfig, LocalServer
 from hedgepub.server._rest import Route, routes
+from hedgepub.server._services import PULL_WAIT_SECONDS
 
 PROJECT_ID = "rest-project"
 PROJECT = f"projects/{PROJECT_ID}"
@@ -442,15 +444,53 @@ def test_refusals_in_googles_json_error_form(
         assert document["error"]["message"]
 
 
+def test_a_pull_answers_within_x_server_timeout(rest: Rest) -> None:
+    # gcloud sends X-Server-Timeout; a Pull that waits for messages answers (empty) before it runs out.
+    topic, subscription = f"{PROJECT}/topics/quiet", f"{PROJECT}/subscriptions/quiet-sub"
+    rest.request("PUT", f"/v1/{topic}", {})
+    rest.request("PUT", f"/v1/{subscription}", {"topic": topic})
+    started = time.monotonic()
+    answer = rest.request("POST", f"/v1/{subscription}:pull", {"maxMessages": 1}, {"X-Server-Timeout": "1"})
+    assert answer == (200, {})
+    assert time.monotonic() - started < PULL_WAIT_SECONDS
+
+
 def test_the_root_path_answers_ok_as_the_emulator_does(rest: Rest) -> None:
     assert rest.request("GET", "/") == (200, "Ok\n")
 
 
-def test_schema_service_routes_reach_the_grpc_face(rest: Rest) -> None:
-    # Whatever the gRPC face answers for schemas (UNIMPLEMENTED until SchemaService exists), REST says the
-    # same: this list call either lists or refuses in the JSON form.
-    status, document = rest.request("GET", f"/v1/{PROJECT}/schemas")
-    assert status == 200 or document["error"]["status"] == "UNIMPLEMENTED"
+def test_schemas_over_rest(rest: Rest) -> None:
+    # The schema ID goes in a query parameter, the schema in the body, the view as an enum name.
+    definition = json.dumps({"type": "record", "name": "Order", "fields": [{"name": "id", "type": "int"}]})
+    schema = f"{PROJECT}/schemas/orders-avro"
+    status, created = rest.request(
+        "POST", f"/v1/{PROJECT}/schemas?schemaId=orders-avro", {"type": "AVRO", "definition": definition}
+    )
+    assert status == 200 and (created["name"], created["definition"]) == (schema, definition)
+    status, basic = rest.request("GET", f"/v1/{schema}?view=BASIC")
+    assert status == 200 and "definition" not in basic
+    assert rest.request("GET", f"/v1/{schema}?view=FULL")[1]["definition"] == definition
+
+    def validate(message: bytes) -> tuple[int, Any]:
+        body = {"name": schema, "message": base64.b64encode(message).decode(), "encoding": "JSON"}
+        return rest.request("POST", f"/v1/{PROJECT}/schemas:validateMessage", body)
+
+    assert validate(b'{"id": 5}') == (200, {})
+    status, refused = validate(b'{"id": "five"}')
+    assert (status, refused["error"]["status"]) == (400, "INVALID_ARGUMENT")
+
+    topic = f"{PROJECT}/topics/typed"
+    settings = {"schemaSettings": {"schema": schema, "encoding": "JSON"}}
+    assert rest.request("PUT", f"/v1/{topic}", settings)[1]["schemaSettings"] == settings["schemaSettings"]
+    good = {"messages": [{"data": base64.b64encode(b'{"id": 1}').decode()}]}
+    assert rest.request("POST", f"/v1/{topic}:publish", good)[0] == 200
+    bad = {"messages": [{"data": base64.b64encode(b'{"id": "one"}').decode()}]}
+    assert rest.request("POST", f"/v1/{topic}:publish", bad)[0] == 400
+
+    status, revisions = rest.request("GET", f"/v1/{schema}:listRevisions")
+    assert status == 200 and [revision["revisionId"] for revision in revisions["schemas"]] == [
+        created["revisionId"]
+    ]
 
 
 # ------------------------------------------------------------------- IAM, faults and logs apply too

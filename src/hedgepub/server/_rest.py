@@ -21,6 +21,7 @@ import functools
 import importlib
 import json
 import logging
+import math
 import re
 import typing
 import urllib.parse
@@ -359,12 +360,25 @@ class RestGateway:
             authorization = headers.get("authorization")
             if authorization:
                 metadata = (("authorization", authorization),)
-            response = await self._callable(route)(request, metadata=metadata)
+            timeout = _server_timeout(headers.get("x-server-timeout"))
+            response = await self._callable(route)(request, metadata=metadata, timeout=timeout)
         except RestError as error:
             return http_status(error.code), _error_json(error.code, error.message)
         except grpc.aio.AioRpcError as error:
             return http_status(error.code()), _error_json(error.code(), error.details() or "")
         return 200, to_json(response)
+
+
+def _server_timeout(header: str | None) -> float | None:
+    """The call's deadline in seconds from ``X-Server-Timeout`` (which gcloud sends), as Google's front
+    end reads it; None when absent or not a positive number."""
+    if not header:
+        return None
+    try:
+        seconds = float(header)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def _error_json(code: grpc.StatusCode, message: str) -> bytes:

@@ -1,0 +1,122 @@
+"""The one-port front: how it tells gRPC from HTTP/1.1, relays large messages both ways, and stops.
+
+Raw sockets stand in for clients where the test is about the bytes (a first request that arrives a byte
+at a time, a connection that says nothing); the official client where it is about gRPC working
+through the relay.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.cloud import pubsub_v1
+from google.pubsub_v1.types import pubsub as pubsub_types
+
+from hedgepub.server import LocalServer
+from hedgepub.server._front import HTTP2_PREFACE
+
+PROJECT = "projects/front-project"
+PullRequest: Any = pubsub_types.PullRequest.pb()
+PullResponse: Any = pubsub_types.PullResponse.pb()
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
+    with LocalServer(in_memory=True) as local:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
+        yield local
+
+
+def _connect(server: LocalServer) -> socket.socket:
+    connection = socket.create_connection((server.host, server.port), timeout=10)
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
+
+
+def _read_until_closed_or(connection: socket.socket, marker: bytes) -> bytes:
+    received = b""
+    while marker not in received:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+def test_a_request_arriving_a_byte_at_a_time_is_still_told_apart(server: LocalServer) -> None:
+    with _connect(server) as connection:
+        # "P" could begin PRI (HTTP/2), POST, PUT or PATCH: the front waits for more before deciding.
+        request = (
+            b"PUT /v1/projects/front-project/topics/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        )
+        connection.sendall(request[:1])
+        time.sleep(0.05)
+        connection.sendall(request[1:2])
+        time.sleep(0.05)
+        connection.sendall(request[2:])
+        answer = _read_until_closed_or(connection, b"}")
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    assert b'"name": "projects/front-project/topics/slow"' in answer
+
+
+def test_the_http2_preface_reaches_the_grpc_face(server: LocalServer) -> None:
+    with _connect(server) as connection:
+        connection.sendall(HTTP2_PREFACE[:2])
+        time.sleep(0.05)
+        connection.sendall(HTTP2_PREFACE[2:])
+        frame = connection.recv(9)
+    # The gRPC server's first frame: a SETTINGS frame (type 4) on stream 0.
+    assert len(frame) == 9 and frame[3] == 0x4 and frame[5:9] == b"\x00\x00\x00\x00"
+
+
+def test_a_connection_that_says_nothing_harms_no_other(server: LocalServer) -> None:
+    silent = _connect(server)
+    closed = _connect(server)
+    closed.close()
+    publisher = pubsub_v1.PublisherClient()
+    assert publisher.create_topic(name=f"{PROJECT}/topics/fine").name == f"{PROJECT}/topics/fine"
+    publisher.stop()
+    silent.close()
+
+
+def test_large_messages_cross_the_relay_both_ways(server: LocalServer) -> None:
+    topic, subscription = f"{PROJECT}/topics/large", f"{PROJECT}/subscriptions/large-sub"
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    try:
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(name=subscription, topic=topic)
+        # Near the 10 MB limit: far more than a socket buffer, so the relay must wait to write, both ways.
+        data = bytes(range(256)) * (9_000_000 // 256)
+        publisher.publish(topic, data).result(timeout=60)
+        # Pulled on a channel that takes messages over gRPC's default 4 MB limit.
+        options = [("grpc.max_receive_message_length", 20_000_000)]
+        with grpc.insecure_channel(server.address, options=options) as channel:
+            pull = channel.unary_unary(
+                "/google.pubsub.v1.Subscriber/Pull",
+                request_serializer=PullRequest.SerializeToString,
+                response_deserializer=PullResponse.FromString,
+            )
+            response = pull(PullRequest(subscription=subscription, max_messages=1), timeout=60)
+        assert [received.message.data for received in response.received_messages] == [data]
+    finally:
+        publisher.stop()
+        subscriber.close()
+
+
+def test_stopping_the_server_closes_relayed_connections() -> None:
+    server = LocalServer(in_memory=True).start()
+    connection = _connect(server)
+    try:
+        connection.sendall(HTTP2_PREFACE)
+        assert connection.recv(9)  # relayed: the gRPC face answered
+        server.stop(0)
+        connection.settimeout(10)
+        assert _read_until_closed_or(connection, b"never sent") is not None  # returns once closed
+    finally:
+        connection.close()
+        server.stop()
