@@ -172,6 +172,10 @@ def test_snapshot_administration_and_errors(
         subscriber.seek(request={"subscription": other, "snapshot": SNAPSHOT})
     with pytest.raises(exceptions.NotFound):
         subscriber.seek(request={"subscription": SUBSCRIPTION, "snapshot": f"{PROJECT}/snapshots/missing"})
+    with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name"):
+        subscriber.seek(request={"subscription": SUBSCRIPTION, "snapshot": ""})
+    with pytest.raises(exceptions.InvalidArgument, match="either a time or a snapshot"):
+        subscriber.seek(request={"subscription": SUBSCRIPTION})
 
     for index in range(3):
         subscriber.create_snapshot(name=f"{PROJECT}/snapshots/extra-{index}", subscription=SUBSCRIPTION)
