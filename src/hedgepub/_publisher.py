@@ -934,17 +934,21 @@ class _ClientFacade:
             meter_provider=meter_provider,
         )
         self._core = _PublisherCore(**self._core_arguments)
+        self._trace_publish()
+        self._start()
+
+    def _trace_publish(self) -> None:
+        """With OpenTelemetry on, make ``publish`` the core's traced one."""
         telemetry = self._core.telemetry
         if telemetry is not None:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
             # plain method, with not even a check for telemetry on its hot path.
-            plain = self.publish
+            plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
             self.publish = (  # type: ignore[method-assign]
                 telemetry.traced_sync_publish(plain)
                 if self._sync_futures
                 else telemetry.traced_async_publish(plain)
             )
-        self._start()
 
     def _start(self) -> None:
         """Run once the core exists (the sync client starts its loop thread here)."""
@@ -1112,6 +1116,7 @@ class PublisherClient(_ClientFacade):
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
             self._core = _PublisherCore(**self._core_arguments)
+            self._trace_publish()  # spans and metrics of the child's own core
             self._start()
 
     def publish(

@@ -181,3 +181,51 @@ def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(
     )
     assert len(set(report["ids"])) == 6  # type: ignore[arg-type]
     assert _stored(pubsub_server, topic) == [b"worker-%d" % number for number in range(6)]
+
+
+def test_a_traced_client_made_before_the_fork_traces_the_child_publishes_with_the_child_core(
+    pubsub_server: LocalServer, topic: str, tmp_path: object
+) -> None:
+    report = _run(
+        pubsub_server,
+        topic,
+        tmp_path,
+        """
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        publisher = PublisherClient(endpoint=address, enable_open_telemetry=True, tracer_provider=provider)
+        path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child.json")
+        pid = os.fork()
+        if pid == 0:
+            def body(seen):
+                seen["id"] = publisher.publish(topic, b"traced-child").result(timeout=20)
+                publisher.shutdown()
+                finished = spans.get_finished_spans()
+                seen["spans"] = sorted(span.name for span in finished)
+                creates = {span.context.span_id for span in finished if span.name.endswith(" create")}
+                linked = {
+                    link.context.span_id
+                    for span in finished
+                    if span.name.endswith(" publish")
+                    for link in span.links
+                }
+                seen["create_linked_to_publish"] = bool(creates) and creates <= linked
+            child_report(path, body)
+            sys.exit(0)
+        report["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        report["child"] = json.load(open(path))
+        publisher.shutdown()
+        """,
+    )
+    child = report["child"]
+    assert report["child_status"] == 0 and "crashed" not in child, child  # type: ignore[operator]
+    names = child["spans"]  # type: ignore[index]
+    assert "forked create" in names and "forked publish" in names, names  # type: ignore[operator]
+    # The child's batch span links the child's create span: both come from the child's own core.
+    assert child["create_linked_to_publish"] is True, child  # type: ignore[index]
+    assert _stored(pubsub_server, topic) == [b"traced-child"]
