@@ -103,6 +103,23 @@ def test_a_mixed_request_acknowledges_the_valid_ids_and_reports_the_others() -> 
     run_virtual(scenario())
 
 
+def test_leases_are_recorded_until_acknowledged_and_a_seek_ends_them() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        store = core._store
+        await core.publish(TOPIC, [PubsubMessage(data=b"second")], 10)
+        first, second = await core.pull(SUBSCRIPTION, 2, 0)
+        assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [first.ack_id, second.ack_id]
+        await core.acknowledge(SUBSCRIPTION, [first.ack_id])
+        assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [second.ack_id]
+        await core.seek(SUBSCRIPTION, 0, None)
+        assert store.leases(SUBSCRIPTION) == []
+        (again,) = await core.pull(SUBSCRIPTION, 2, 0)
+        assert again.message.data == b"second"
+
+    run_virtual(scenario())
+
+
 def test_without_exactly_once_unknown_ack_ids_are_ignored() -> None:
     async def scenario() -> None:
         core = PubSubCore(MemoryStore())
