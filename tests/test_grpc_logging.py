@@ -70,3 +70,27 @@ def test_serve_on_a_taken_port_prints_one_clean_line(busy_port: int) -> None:
         f"Error: cannot start the server on 127.0.0.1:{busy_port}: cannot listen on 127.0.0.1:{busy_port} "
         "(in use, or not an address of this machine)"
     ]
+
+
+def test_the_command_with_vv_shows_them(busy_port: int) -> None:
+    # the hedgepub command's argv as the package sees it when it is imported: `hedgepub -vv ...`
+    first = "sys.argv[:] = ['/usr/local/bin/hedgepub', '-vv', 'serve']; import hedgepub"
+    completed = _run([sys.executable, "-c", _SCRIPT.format(first=first, port=busy_port)])
+    assert "add_port" in completed.stderr
+    assert completed.stdout.strip() == "unset"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["/usr/bin/hedgepub", "-vv", "serve"], 2),
+        (["-m", "-v", "--verbose", "-v", "bench"], 3),
+        (["hedgepub", "serve", "-vv"], 0),  # after the sub-command: not the group's option
+        (["hedgepub", "-v", "serve"], 1),
+        (["/usr/bin/python3", "-vv"], 0),  # another program
+    ],
+)
+def test_the_command_line_verbosity_is_read_before_the_sub_command(argv: list[str], expected: int) -> None:
+    from hedgepub._grpc_logging import command_line_verbosity
+
+    assert command_line_verbosity(argv) == expected

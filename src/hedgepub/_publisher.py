@@ -416,11 +416,9 @@ class _PublisherCore:
             # Sealed under the publisher's lock, as every seal is, so that shutdown (which seals what is
             # open and then drains, under that lock) never misses a batch sealed at the same moment. No
             # other thread adds to this batch meanwhile: it is this thread's own.
-            schedule = False
             with self._lock:
                 self._seal_locked(batch)
-                if self._events and not self._wakeup_pending:
-                    self._wakeup_pending = schedule = True
+                schedule = self._wakeup_needed_locked()
             if schedule:
                 self._wake_loop()
         return future
@@ -444,7 +442,6 @@ class _PublisherCore:
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
     ) -> Any:
         """:meth:`add` when a batch must be opened (or the message has an ordering key)."""
-        schedule = False
         with self._lock:
             if self.state is not ClientState.OPEN:
                 raise RuntimeError(self.refusal)
@@ -473,8 +470,7 @@ class _PublisherCore:
                 future = self._put(batch, data, message, size, framed)
             if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
                 self._seal_locked(batch)
-            if self._events and not self._wakeup_pending:
-                self._wakeup_pending = schedule = True
+            schedule = self._wakeup_needed_locked()
         if schedule:
             self._wake_loop()
         return future
@@ -506,6 +502,14 @@ class _PublisherCore:
             batch.state = BatchState.SEALED
         self._events.append(batch)
 
+    def _wakeup_needed_locked(self) -> bool:
+        """Holding ``_lock``: whether the caller must wake the loop for the batches waiting in
+        ``_events`` (at most one wake-up is pending at a time, however many batches wait)."""
+        if self._events and not self._wakeup_pending:
+            self._wakeup_pending = True
+            return True
+        return False
+
     def _wake_loop(self) -> None:
         loop = self._loop
         assert loop is not None
@@ -519,12 +523,10 @@ class _PublisherCore:
 
     def _flush_soon(self) -> None:
         """Seal every open batch (from any thread): flow control is about to make a caller wait."""
-        schedule = False
         with self._lock:
             for batch in list(self._open.values()):
                 self._seal_locked(batch)
-            if self._events and not self._wakeup_pending:
-                self._wakeup_pending = schedule = True
+            schedule = self._wakeup_needed_locked()
         if schedule:
             self._wake_loop()
 
@@ -934,17 +936,21 @@ class _ClientFacade:
             meter_provider=meter_provider,
         )
         self._core = _PublisherCore(**self._core_arguments)
+        self._trace_publish()
+        self._start()
+
+    def _trace_publish(self) -> None:
+        """With OpenTelemetry on, make ``publish`` the core's traced one."""
         telemetry = self._core.telemetry
         if telemetry is not None:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
             # plain method, with not even a check for telemetry on its hot path.
-            plain = self.publish
+            plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
             self.publish = (  # type: ignore[method-assign]
                 telemetry.traced_sync_publish(plain)
                 if self._sync_futures
                 else telemetry.traced_async_publish(plain)
             )
-        self._start()
 
     def _start(self) -> None:
         """Run once the core exists (the sync client starts its loop thread here)."""
@@ -1112,6 +1118,7 @@ class PublisherClient(_ClientFacade):
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
             self._core = _PublisherCore(**self._core_arguments)
+            self._trace_publish()  # spans and metrics of the child's own core
             self._start()
 
     def publish(

@@ -33,17 +33,25 @@ address, topic = sys.argv[1], sys.argv[2]
 report = {}
 
 
-def child_report(path, body):
-    # the child writes what it saw to a file; sys.exit runs the interpreter's normal exit, flush included
-    started = time.monotonic()
-    seen = {}
-    try:
-        body(seen)
-    except BaseException as error:
-        seen["crashed"] = repr(error)
-    seen["seconds"] = round(time.monotonic() - started, 3)
-    with open(path, "w") as file:
-        json.dump(seen, file)
+def in_child(body):
+    # Fork; the child runs body(seen), writes what it saw to a file and leaves through sys.exit, so the
+    # interpreter's normal exit (and its flush) runs. Returns the child's exit code and what it saw.
+    path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child-%d.json" % time.monotonic_ns())
+    pid = os.fork()
+    if pid == 0:
+        started = time.monotonic()
+        seen = {}
+        try:
+            body(seen)
+        except BaseException as error:
+            seen["crashed"] = repr(error)
+        seen["seconds"] = round(time.monotonic() - started, 3)
+        with open(path, "w") as file:
+            json.dump(seen, file)
+        sys.exit(0)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    with open(path) as file:
+        return status, json.load(file)
 """
 
 
@@ -90,16 +98,14 @@ def test_a_client_that_never_published_works_in_the_forked_child(
         tmp_path,
         """
         publisher = PublisherClient(endpoint=address)  # made before the fork, as gunicorn --preload does
-        path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child.json")
-        pid = os.fork()
-        if pid == 0:
-            def body(seen):
-                seen["ids"] = [publisher.publish(topic, b"child-%d" % n).result(timeout=20) for n in range(3)]
-                publisher.publish(topic, b"child-left-to-exit")  # flushed by the implicit shutdown at exit
-            child_report(path, body)
-            sys.exit(0)
-        report["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        report["child"] = json.load(open(path))
+
+
+        def body(seen):
+            seen["ids"] = [publisher.publish(topic, b"child-%d" % n).result(timeout=20) for n in range(3)]
+            publisher.publish(topic, b"child-left-to-exit")  # flushed by the implicit shutdown at exit
+
+
+        report["child_status"], report["child"] = in_child(body)
         report["parent"] = publisher.publish(topic, b"parent").result(timeout=20)
         publisher.shutdown()
         """,
@@ -128,22 +134,19 @@ def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(
         publisher = PublisherClient(endpoint=address, batch_settings=BatchSettings(max_latency=1.0))
         publisher.publish(topic, b"before").result(timeout=20)  # the channel is open now
         pending = publisher.publish(topic, b"pending-at-fork")  # its batch waits 1 s for more
-        path = os.path.join(os.environ["HEDGEPUB_REPORT_DIR"], "child.json")
-        pid = os.fork()
-        if pid == 0:
-            def body(seen):
-                seen["inherited_done"] = pending.done()
-                seen["inherited_error"] = repr(pending.exception(timeout=0))
-                try:
-                    publisher.publish(topic, b"from-child")
-                except RuntimeError as error:
-                    seen["refused"] = str(error)
-                publisher.shutdown()  # returns at once: nothing to wait for here
-                seen["stats_published"] = publisher.stats().messages_published
-            child_report(path, body)
-            sys.exit(0)
-        report["child_status"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        report["child"] = json.load(open(path))
+
+
+        def body(seen):
+            seen["inherited_done"] = pending.done()
+            seen["inherited_error"] = repr(pending.exception(timeout=0))
+            try:
+                publisher.publish(topic, b"from-child")
+            except RuntimeError as error:
+                seen["refused"] = str(error)
+            publisher.shutdown()  # returns at once: nothing to wait for here
+
+
+        report["child_status"], report["child"] = in_child(body)
         report["parent_pending"] = pending.result(timeout=20)
         publisher.shutdown()
         """,
@@ -181,3 +184,45 @@ def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(
     )
     assert len(set(report["ids"])) == 6  # type: ignore[arg-type]
     assert _stored(pubsub_server, topic) == [b"worker-%d" % number for number in range(6)]
+
+
+def test_a_traced_client_made_before_the_fork_traces_the_child_publishes_with_the_child_core(
+    pubsub_server: LocalServer, topic: str, tmp_path: object
+) -> None:
+    report = _run(
+        pubsub_server,
+        topic,
+        tmp_path,
+        """
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        publisher = PublisherClient(endpoint=address, enable_open_telemetry=True, tracer_provider=provider)
+
+
+        def body(seen):
+            seen["id"] = publisher.publish(topic, b"traced-child").result(timeout=20)
+            publisher.shutdown()
+            finished = spans.get_finished_spans()
+            seen["spans"] = sorted(span.name for span in finished)
+            creates = {span.context.span_id for span in finished if span.name.endswith(" create")}
+            batches = [span for span in finished if span.name.endswith(" publish")]
+            linked = {link.context.span_id for span in batches for link in span.links}
+            seen["create_linked_to_publish"] = bool(creates) and creates <= linked
+
+
+        report["child_status"], report["child"] = in_child(body)
+        publisher.shutdown()
+        """,
+    )
+    child = report["child"]
+    assert report["child_status"] == 0 and "crashed" not in child, child  # type: ignore[operator]
+    names = child["spans"]  # type: ignore[index]
+    assert "forked create" in names and "forked publish" in names, names  # type: ignore[operator]
+    # The child's batch span links the child's create span: both come from the child's own core.
+    assert child["create_linked_to_publish"] is True, child  # type: ignore[index]
+    assert _stored(pubsub_server, topic) == [b"traced-child"]

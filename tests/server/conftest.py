@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -126,3 +132,40 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
 def wait_for() -> Callable[..., bool]:
     """Poll a condition until it holds (or 10 s pass); only where a real client's threads do the work."""
     return _wait_for
+
+
+@pytest.fixture
+def hedgepub_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], Any]]:
+    """Start ``hedgepub serve`` (a child process) on one data directory and port, again after a kill;
+    each call sets PUBSUB_EMULATOR_HOST and returns the process. Whatever still runs is killed after."""
+    if os.name != "posix":
+        pytest.skip("the tests kill the server process with POSIX signals")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port}")
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
+        process = subprocess.Popen(
+            [*command, "--port", str(port), "--data-dir", str(tmp_path / "serve-data")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        started.append(process)
+        line: list[bytes] = []
+        stdout = process.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(20)
+        assert line and line[0].startswith(b"export PUBSUB_EMULATOR_HOST="), line
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)

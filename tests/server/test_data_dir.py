@@ -26,6 +26,7 @@ import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1.types import pubsub as types
 
+from hedgepub.bench import AdminClient
 from hedgepub.server import DataDirError, LocalServer
 from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
 
@@ -56,18 +57,10 @@ def _one_line_error(completed: subprocess.CompletedProcess[str]) -> str:
 
 
 def _publish_some(server: LocalServer, count: int = 300) -> None:
+    with AdminClient(server.address) as admin:
+        admin.create_topic(TOPIC)
     with grpc.insecure_channel(server.address) as channel:
-        create = channel.unary_unary(
-            "/google.pubsub.v1.Publisher/CreateTopic",
-            request_serializer=types.Topic.pb().SerializeToString,
-            response_deserializer=types.Topic.pb().FromString,
-        )
-        create(types.Topic.pb()(name=TOPIC), timeout=10)
-        publish = channel.unary_unary(
-            "/google.pubsub.v1.Publisher/Publish",
-            request_serializer=types.PublishRequest.pb().SerializeToString,
-            response_deserializer=types.PublishResponse.pb().FromString,
-        )
+        publish = _publish_call(channel)
         message = types.PubsubMessage.pb()
         for start in range(0, count, 100):
             batch = [message(data=os.urandom(200)) for _ in range(start, min(count, start + 100))]
@@ -238,13 +231,9 @@ def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_retu
     small = tmp_path / "small"
     with _mounted_tmpfs(small, "size=8m"), LocalServer(data_dir=small / "data") as server:
         _publish_some(server, 10)  # the topic, and messages stored before the disk fills
+        with AdminClient(server.address) as admin:
+            admin.create_subscription("projects/p/subscriptions/audit", TOPIC)
         with grpc.insecure_channel(server.address) as channel:
-            create = channel.unary_unary(
-                "/google.pubsub.v1.Subscriber/CreateSubscription",
-                request_serializer=types.Subscription.pb().SerializeToString,
-                response_deserializer=types.Subscription.pb().FromString,
-            )
-            create(types.Subscription.pb()(name="projects/p/subscriptions/audit", topic=TOPIC), timeout=10)
             publish = _publish_call(channel)
             stored = 10
             _fill(small / "ballast")

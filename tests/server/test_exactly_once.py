@@ -4,14 +4,8 @@ without a valid lease failing per ack ID the way the official clients read it.""
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import signal
-import socket
-import subprocess
-import sys
-import threading
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -109,6 +103,23 @@ def test_a_mixed_request_acknowledges_the_valid_ids_and_reports_the_others() -> 
     run_virtual(scenario())
 
 
+def test_leases_are_recorded_until_acknowledged_and_a_seek_ends_them() -> None:
+    async def scenario() -> None:
+        core = await make_core()
+        store = core._store
+        await core.publish(TOPIC, [PubsubMessage(data=b"second")], 10)
+        first, second = await core.pull(SUBSCRIPTION, 2, 0)
+        assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [first.ack_id, second.ack_id]
+        await core.acknowledge(SUBSCRIPTION, [first.ack_id])
+        assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [second.ack_id]
+        await core.seek(SUBSCRIPTION, 0, None)
+        assert store.leases(SUBSCRIPTION) == []
+        (again,) = await core.pull(SUBSCRIPTION, 2, 0)
+        assert again.message.data == b"second"
+
+    run_virtual(scenario())
+
+
 def test_without_exactly_once_unknown_ack_ids_are_ignored() -> None:
     async def scenario() -> None:
         core = PubSubCore(MemoryStore())
@@ -197,67 +208,35 @@ def test_exactly_once_can_be_turned_on_by_update(raw: Any) -> None:
 
 
 # ---------------------------------------------------------------- over a SIGKILL of `hedgepub serve`
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _serve(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
-    process = subprocess.Popen(
-        [*command, "--port", str(port), "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+def test_a_lease_outlives_a_sigkill(hedgepub_serve: Any) -> None:
+    server = hedgepub_serve()
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    publisher.create_topic(name=TOPIC)
+    subscriber.create_subscription(
+        request={
+            "name": SUBSCRIPTION,
+            "topic": TOPIC,
+            "enable_exactly_once_delivery": True,
+            "ack_deadline_seconds": 120,
+        }
     )
-    line: list[bytes] = []
-    stdout = process.stdout
-    assert stdout is not None
-    reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(20)
-    assert line and line[0].startswith(b"export PUBSUB_EMULATOR_HOST="), line
-    return process
+    publisher.publish(TOPIC, b"leased").result(timeout=10)
+    (held,) = subscriber.pull(subscription=SUBSCRIPTION, max_messages=1, timeout=10).received_messages
+    publisher.publish(TOPIC, b"waiting").result(timeout=10)
+    publisher.transport.close()
+    subscriber.close()
+    server.send_signal(signal.SIGKILL)  # nothing is flushed or closed
+    server.wait(10)
 
-
-@pytest.mark.skipif(os.name != "posix", reason="sends SIGKILL to the server process")
-def test_a_lease_outlives_a_sigkill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    port = _free_port()
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port}")
-    server = _serve(tmp_path / "data", port)
-    try:
-        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-        publisher.create_topic(name=TOPIC)
-        subscriber.create_subscription(
-            request={
-                "name": SUBSCRIPTION,
-                "topic": TOPIC,
-                "enable_exactly_once_delivery": True,
-                "ack_deadline_seconds": 120,
-            }
-        )
-        publisher.publish(TOPIC, b"leased").result(timeout=10)
-        (held,) = subscriber.pull(subscription=SUBSCRIPTION, max_messages=1, timeout=10).received_messages
-        publisher.publish(TOPIC, b"waiting").result(timeout=10)
-        publisher.transport.close()
-        subscriber.close()
-        server.send_signal(signal.SIGKILL)  # nothing is flushed or closed
-        server.wait(10)
-
-        server = _serve(tmp_path / "data", port)
-        subscriber = pubsub_v1.SubscriberClient()
-        request = {"subscription": SUBSCRIPTION, "max_messages": 10, "return_immediately": True}
-        with pytest.warns(DeprecationWarning):
-            received = subscriber.pull(request=request, timeout=10).received_messages
-        # The lease taken before the kill still holds: only the other message is delivered.
-        assert [m.message.data for m in received] == [b"waiting"]
-        # And its ack ID is still good.
-        subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[held.ack_id, received[0].ack_id])
-        with pytest.raises(exceptions.InvalidArgument):
-            subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[held.ack_id])
-        subscriber.close()
-    finally:
-        if server.poll() is None:
-            server.kill()
-        server.wait(10)
+    hedgepub_serve()
+    subscriber = pubsub_v1.SubscriberClient()
+    request = {"subscription": SUBSCRIPTION, "max_messages": 10, "return_immediately": True}
+    with pytest.warns(DeprecationWarning):
+        received = subscriber.pull(request=request, timeout=10).received_messages
+    # The lease taken before the kill still holds: only the other message is delivered.
+    assert [m.message.data for m in received] == [b"waiting"]
+    # And its ack ID is still good (once).
+    subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[held.ack_id, received[0].ack_id])
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.acknowledge(subscription=SUBSCRIPTION, ack_ids=[held.ack_id])
+    subscriber.close()

@@ -105,3 +105,19 @@ def test_concurrent_attempts_of_one_batch_are_stored_once() -> None:
         stored = server.messages(TOPIC)
     assert len(stored) == 1
     assert answers == [[stored[0].message_id]] * 5
+
+
+def test_a_failed_attempt_is_not_remembered() -> None:
+    async def scenario(address: str) -> list[object]:
+        attempts = (_publish(address, "batch-y", b"early") for _ in range(3))
+        return await asyncio.gather(*attempts, return_exceptions=True)
+
+    with LocalServer(dedup_hedges=True) as server:
+        # No topic yet: every attempt fails on its own with NOT_FOUND, and nothing is remembered ...
+        failures = asyncio.run(scenario(server.address))
+        assert [error.code() for error in failures] == [grpc.StatusCode.NOT_FOUND] * 3  # type: ignore[union-attr]
+        with AdminClient(server.address) as admin:
+            admin.create_topic(TOPIC)
+        # ... so a later attempt of that batch is stored.
+        [message_id] = asyncio.run(_publish(server.address, "batch-y", b"early"))
+        assert [message.message_id for message in server.messages(TOPIC)] == [message_id]

@@ -5,15 +5,8 @@ acknowledged messages, topic retention; errors as the real service's; durable ov
 from __future__ import annotations
 
 import datetime
-import os
 import queue
 import signal
-import socket
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -179,6 +172,10 @@ def test_snapshot_administration_and_errors(
         subscriber.seek(request={"subscription": other, "snapshot": SNAPSHOT})
     with pytest.raises(exceptions.NotFound):
         subscriber.seek(request={"subscription": SUBSCRIPTION, "snapshot": f"{PROJECT}/snapshots/missing"})
+    with pytest.raises(exceptions.InvalidArgument, match="Invalid resource name"):
+        subscriber.seek(request={"subscription": SUBSCRIPTION, "snapshot": ""})
+    with pytest.raises(exceptions.InvalidArgument, match="either a time or a snapshot"):
+        subscriber.seek(request={"subscription": SUBSCRIPTION})
 
     for index in range(3):
         subscriber.create_snapshot(name=f"{PROJECT}/snapshots/extra-{index}", subscription=SUBSCRIPTION)
@@ -212,48 +209,8 @@ def test_snapshot_administration_and_errors(
 
 
 # ---------------------------------------------------------------- durable over a SIGKILL of `hedgepub serve`
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def serve_process(tmp_path: Path) -> Iterator[Any]:
-    """Start ``hedgepub serve`` on one data directory and port; each call returns the process."""
-    started: list[subprocess.Popen[bytes]] = []
-    data_dir, port = tmp_path / "data", _free_port()
-
-    def start() -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
-        process = subprocess.Popen(
-            [*command, "--port", str(port), "--data-dir", str(data_dir)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        started.append(process)
-        line: list[bytes] = []
-        stdout = process.stdout
-        assert stdout is not None
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(20)
-        assert line and line[0].startswith(b"export PUBSUB_EMULATOR_HOST="), line
-        os.environ["PUBSUB_EMULATOR_HOST"] = line[0].decode().strip().split("=", 1)[1]
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-
-
-@pytest.mark.skipif(os.name != "posix", reason="sends SIGKILL to the server process")
-def test_snapshots_and_retained_messages_survive_a_sigkill(serve_process: Any, monkeypatch: Any) -> None:
-    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "")  # restored after the test; set by serve_process
-    first = serve_process()
+def test_snapshots_and_retained_messages_survive_a_sigkill(hedgepub_serve: Any) -> None:
+    first = hedgepub_serve()
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
     try:
         publisher.create_topic(name=TOPIC)
@@ -270,7 +227,7 @@ def test_snapshots_and_retained_messages_survive_a_sigkill(serve_process: Any, m
     first.send_signal(signal.SIGKILL)  # nothing is flushed or closed
     first.wait(10)
 
-    serve_process()
+    hedgepub_serve()
     publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
     try:
         assert subscriber.get_snapshot(snapshot=SNAPSHOT).topic == TOPIC

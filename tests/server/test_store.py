@@ -93,6 +93,7 @@ async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, 
     await store.append(TOPIC, [message(1, b"one", k="v"), message(2, b"two")], SUBSCRIPTIONS)
     await store.append(TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [2, 99])
+    await store.ack(SUBSCRIPTIONS[1], [3])  # never its message: changes nothing
     store = await reopen()
     first = store.pending(SUBSCRIPTIONS[0], 0, 10)
     assert [(sequence, m.data) for sequence, m in first] == [(1, b"one"), (3, b"three")]
@@ -240,6 +241,29 @@ async def test_sqlite_opens_a_file_of_the_earlier_layout(tmp_path: Path) -> None
         assert [m.data for _, m in store.messages(TOPIC)] == [b"waiting"]
         assert store.load().next_sequence == 4
         await store.ack(SUBSCRIPTIONS[0], [2])
+        assert store.messages(TOPIC) == []
+    finally:
+        await store.close()
+
+
+async def test_sqlite_opens_a_file_that_found_references_through_an_index(tmp_path: Path) -> None:
+    """The layout before ``counts``: a message's references were found through an index on sequence."""
+    path = tmp_path / "indexed.sqlite3"
+    store = SqliteStore(path)
+    await subscribe(store, *SUBSCRIPTIONS)
+    await store.close()
+    with sqlite3.connect(path) as old:
+        old.execute("DROP TABLE counts")
+        old.execute("CREATE INDEX refs_by_sequence ON refs (sequence)")
+        old.execute(
+            "INSERT INTO messages VALUES (1, ?, ?)", (TOPIC, message(1, b"both")[1].SerializeToString())
+        )
+        old.execute("INSERT INTO refs SELECT id, 1 FROM subscription_ids")
+    store = SqliteStore(path)
+    try:
+        await store.ack(SUBSCRIPTIONS[0], [1])
+        assert [m.data for _, m in store.messages(TOPIC)] == [b"both"]  # the second still needs it
+        await store.ack(SUBSCRIPTIONS[1], [1])
         assert store.messages(TOPIC) == []
     finally:
         await store.close()

@@ -91,20 +91,22 @@ class HedgeBatchWindow:
         ``shape`` (message count, request bytes) tells a repeat of the same batch from a reused id.
         """
         key = (topic, batch_id)
-        self._forget_old(self._clock.now())
-        committed = self._committed.get(key)
-        if committed is not None and committed.shape == shape:
-            self._answered += 1
-            return list(committed.ids)
-        running = self._in_flight.get(key)
-        if running is not None and running[0] == shape:
+        while True:
+            self._forget_old(self._clock.now())
+            committed = self._committed.get(key)
+            if committed is not None and committed.shape == shape:
+                self._answered += 1
+                return list(committed.ids)
+            running = self._in_flight.get(key)
+            if running is None or running[0] != shape:
+                break
             try:
                 ids = await asyncio.shield(running[1])
-            except Exception:  # the first attempt failed: this one is stored on its own below
-                pass
-            else:
-                self._answered += 1
-                return list(ids)
+            except Exception:
+                # That attempt failed: look again, since another waiting attempt may be committing now.
+                continue
+            self._answered += 1
+            return list(ids)
         future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = (shape, future)
         try:

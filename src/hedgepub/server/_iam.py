@@ -512,9 +512,12 @@ class IamEnforcer:
     def check_dead_letter_topic(self, subscription: str, dead_letter_topic: str) -> None:
         """Create/UpdateSubscription with a dead-letter policy: the service must be able to forward.
 
-        As in the real service, whose service agent must be allowed to publish to the dead-letter topic,
-        a topic that does not grant :func:`forwarding_identity` ``pubsub.topics.publish`` is refused with
-        PERMISSION_DENIED; so a caller cannot route messages to a topic it may not publish to.
+        The real service documents that its service agent must be allowed to publish to the dead-letter
+        topic (``DeadLetterPolicy.dead_letter_topic``). Here a topic that does not grant
+        :func:`forwarding_identity` ``pubsub.topics.publish`` is refused with PERMISSION_DENIED, its
+        answer to a missing permission, so the missing grant shows at once and a caller cannot route
+        messages to a topic that has not opted in; a grant withdrawn later stops forwarding
+        (:meth:`may_forward`).
         """
         _project_of(dead_letter_topic)  # INVALID_ARGUMENT for a malformed name, as before
         if not self.may_forward(subscription, dead_letter_topic):

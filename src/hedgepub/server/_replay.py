@@ -309,6 +309,8 @@ class Replay:
             await store.ack(acked, to_unack)
         if to_ack:
             await store.ack(name, to_ack)
+        if config.enable_exactly_once_delivery:  # the leases end here, so their records go too
+            await store.drop_leases(name, [sequence for sequence, _, _ in store.leases(name)])
         state.reset()
 
     # ------------------------------------------------------------- retention

@@ -205,8 +205,10 @@ class PubSubServicer:
         target = request.WhichOneof("target")
         if target is None:
             raise invalid("A Seek request must give either a time or a snapshot.")
-        publish_ns = request.time.ToNanoseconds() if target == "time" else None
-        await self.core.seek(request.subscription, publish_ns, request.snapshot or None)
+        if target == "time":
+            await self.core.seek(request.subscription, request.time.ToNanoseconds(), None)
+        else:  # an empty snapshot name is still a snapshot target: refused as an invalid name
+            await self.core.seek(request.subscription, None, request.snapshot)
         return _pb.SeekResponse.pb()()
 
     async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
