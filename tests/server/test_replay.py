@@ -110,7 +110,10 @@ def test_topic_retention_replays_messages_from_before_the_subscription(
 ) -> None:
     publisher.create_topic(request={"name": TOPIC, "message_retention_duration": {"seconds": 3600}})
     publish(publisher, b"early")
-    subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
+    created = subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
+    # The topic's retention shows in the subscription's output-only field.
+    assert created.topic_message_retention_duration.total_seconds() == 3600
+    assert subscriber.get_subscription(subscription=SUBSCRIPTION).topic_message_retention_duration
     publish(publisher, b"late")
     assert drain(subscriber) == [b"late"]
     subscriber.seek(request={"subscription": SUBSCRIPTION, "time": LONG_AGO})

@@ -328,6 +328,7 @@ class PubSubCore:
         if name in self._subscriptions:
             raise limits.already_exists(name)
         config = resources.copy_with(request, detached=False, state=0)
+        config.ClearField("topic_message_retention_duration")  # output only: shown from the topic
         resources.check_subscription_fields(config)
         await self._store.put("subscriptions", name, config)
         if name in self._subscriptions:
@@ -341,11 +342,21 @@ class PubSubCore:
         self._expiration.watch(config)
         await self.replay.subscription_changed(config)
         self.push.sync(name)
-        return config
+        return self._shown(config)
 
     def get_subscription(self, name: str) -> Any:
         """GetSubscription."""
-        return self._subscription(name).config
+        return self._shown(self._subscription(name).config)
+
+    def _shown(self, config: Any) -> Any:
+        """A subscription as the service shows it: with its topic's retention in the output-only
+        ``topic_message_retention_duration`` (a copy then; otherwise the stored object itself)."""
+        topic = self._topics.get(config.topic)
+        if topic is None or not topic.HasField("message_retention_duration"):
+            return config
+        shown = resources.copy_with(config)
+        shown.topic_message_retention_duration.CopyFrom(topic.message_retention_duration)
+        return shown
 
     async def update_subscription(self, update: Any, paths: Sequence[str]) -> Any:
         """UpdateSubscription with a field mask."""
@@ -359,7 +370,7 @@ class PubSubCore:
         self._expiration.watch(config)  # an update is activity, and may change the ttl
         await self.replay.subscription_changed(config)
         self.push.sync(config.name)  # push_config may have switched it between push and pull
-        return config
+        return self._shown(config)
 
     async def modify_push_config(self, name: str, push_config: Any) -> None:
         """ModifyPushConfig: an endpoint makes it a push subscription; an empty config makes it pull."""
@@ -376,7 +387,7 @@ class PubSubCore:
         page, token = resources.project_page(
             project, "subscriptions", self._subscriptions, page_size, page_token
         )
-        return [self._subscriptions[name].config for name in page], token
+        return [self._shown(self._subscriptions[name].config) for name in page], token
 
     async def delete_subscription(self, name: str) -> None:
         """DeleteSubscription: its backlog goes with it."""

@@ -71,8 +71,9 @@ def _retention_ns(resource: Any) -> int | None:
 class Replay:
     """Snapshots, Seek and retention for one core.
 
-    ``subscription(name)`` and ``topic(name)`` look resources up (raising NOT_FOUND); ``topics()`` is the
-    table of topics; ``wall_ns()`` the calendar time; ``spawn`` runs a coroutine in the background.
+    ``subscription(name)`` and ``topic(name)`` look resources up (raising NOT_FOUND); ``subscriptions()``
+    lists the subscriptions' delivery states; ``wall_ns()`` is the calendar time in ns; ``spawn`` runs a
+    coroutine in the background.
     """
 
     def __init__(
