@@ -7,6 +7,8 @@ through the relay.
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -120,3 +122,17 @@ def test_stopping_the_server_closes_relayed_connections() -> None:
     finally:
         connection.close()
         server.stop()
+
+
+def test_the_request_log_names_the_client_of_a_relayed_call(
+    server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = pubsub_v1.PublisherClient()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="hedgepub.server.requests"):
+            publisher.create_topic(name=f"{PROJECT}/topics/logged")
+    finally:
+        publisher.stop()
+    [logged] = [record.getMessage() for record in caplog.records if record.name == "hedgepub.server.requests"]
+    # The client's own address, not the front's connection to the gRPC face.
+    assert re.fullmatch(r"CreateTopic OK [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+\)", logged)

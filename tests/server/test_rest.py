@@ -527,7 +527,9 @@ def test_fault_injection_and_request_logging_apply_to_rest_calls(
         error(503, "UNAVAILABLE", "UNAVAILABLE injected on GetTopic by hedgepub fault injection"),
     )
     assert server.faults.counts["GetTopic"].failed == 1
-    assert any(record.getMessage().startswith("GetTopic UNAVAILABLE") for record in caplog.records)
+    [logged] = [record.getMessage() for record in caplog.records if record.name == "hedgepub.server.requests"]
+    # The log names the HTTP client, not the gateway that made the gRPC call for it.
+    assert re.fullmatch(r"GetTopic UNAVAILABLE [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+ over REST\)", logged)
 
 
 def test_a_server_without_rest_serves_grpc_on_its_port(monkeypatch: pytest.MonkeyPatch) -> None:

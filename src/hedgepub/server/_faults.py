@@ -65,6 +65,7 @@ import grpc.aio
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
+from hedgepub.server._front import REST_CLIENT_METADATA, client_peer
 
 __all__ = [
     "METHODS",
@@ -1037,7 +1038,15 @@ def _unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
 def _log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
     code = context.code()
     status = "OK" if code is None else getattr(code, "name", str(code))
-    _request_log.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, context.peer())
+    _request_log.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, _peer(context))
+
+
+def _peer(context: grpc.aio.ServicerContext) -> str:
+    """Who made the call: a REST call's HTTP client, a relayed gRPC call's client, or the peer itself."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REST_CLIENT_METADATA:
+            return f"{value} over REST"
+    return client_peer(context.peer())
 
 
 def _parse_fault_spec(spec: str) -> tuple[str, FaultRule]:

@@ -23,8 +23,10 @@ import asyncio
 import contextlib
 import errno
 import logging
+import secrets
 import socket
 import sys
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +45,30 @@ SNIFF_TIMEOUT_SECONDS = 30.0
 BACKLOG = 128
 
 _RETRY = (BlockingIOError, InterruptedError)
+
+#: The front's connections to the gRPC face (a Linux abstract unix socket) are bound to a name that
+#: starts with this and carries the client's address, so that the gRPC face's ``context.peer()`` still
+#: names the real client (see :func:`client_peer`).
+RELAYED_PEER_PREFIX = "hedgepub-front/"
+#: Metadata the REST gateway adds to the gRPC call it makes for a REST call: the HTTP client's address.
+REST_CLIENT_METADATA = "x-hedgepub-rest-client"
+_RELAYED_PEER = "unix-abstract:" + RELAYED_PEER_PREFIX
+
+
+def peer_name(address: Any) -> str:
+    """A socket's remote address in gRPC's peer form: ``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+    return str(address)
+
+
+def client_peer(peer: str) -> str:
+    """The real client of a gRPC call: ``peer`` itself, or the client a relayed connection came from."""
+    if peer.startswith(_RELAYED_PEER):
+        # gRPC percent-encodes the socket name; the last part only keeps names unique.
+        return urllib.parse.unquote(peer[len(_RELAYED_PEER) :]).rsplit("/", 1)[0]
+    return peer
 
 
 class _Relay:
@@ -233,6 +259,10 @@ class OnePortFront:
         upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         try:
+            if isinstance(self._grpc_address, str) and self._grpc_address.startswith("\0"):
+                # An abstract unix name costs nothing and tells the gRPC face who the client is.
+                client_name = peer_name(client.getpeername())
+                upstream.bind(f"\0{RELAYED_PEER_PREFIX}{client_name}/{secrets.token_hex(4)}")
             await self._loop.sock_connect(upstream, self._grpc_address)
         except OSError as error:
             logger.warning("cannot reach the gRPC face at %r: %s", self._grpc_address, error)

@@ -49,8 +49,8 @@ PRIVATE_HOST = "127.0.0.1"
 
 @dataclasses.dataclass(frozen=True)
 class _PrivateAddress:
-    """Where the gRPC face listens behind the front: a Linux abstract unix socket (cheaper to relay to
-    than TCP, and no port), else an ephemeral port of loopback TCP."""
+    """Where the gRPC face listens behind the front: a Linux abstract unix socket (no TCP stack on the
+    private hop, no port, no file to clean up), else an ephemeral port of loopback TCP."""
 
     #: The address in grpc's form (``unix-abstract:NAME``, ``127.0.0.1:PORT``).
     grpc_address: str

@@ -36,6 +36,8 @@ from google.iam.v1 import iam_policy_pb2
 from google.protobuf import descriptor, empty_pb2, json_format
 from google.protobuf.message import Message
 
+from hedgepub.server._front import REST_CLIENT_METADATA, peer_name
+
 logger = logging.getLogger("hedgepub.server")
 
 #: The generated REST transports of the installed client package, and the gRPC service each one calls.
@@ -351,17 +353,23 @@ class RestGateway:
         query: Iterable[tuple[str, str]],
         body: bytes,
         headers: Mapping[str, str],
+        client: str | None = None,
     ) -> tuple[int, bytes]:
-        """One REST call: its HTTP status and JSON body (a response, or Google's JSON error)."""
+        """One REST call: its HTTP status and JSON body (a response, or Google's JSON error).
+
+        ``client`` (the HTTP client's address) goes along as metadata, for the request log.
+        """
         try:
             route, path_values = self._table.match(http_method, raw_path)
             request = build_request(route, path_values, query, body)
-            metadata: tuple[tuple[str, str], ...] = ()
+            metadata: list[tuple[str, str]] = []
             authorization = headers.get("authorization")
             if authorization:
-                metadata = (("authorization", authorization),)
+                metadata.append(("authorization", authorization))
+            if client:
+                metadata.append((REST_CLIENT_METADATA, client))
             timeout = _server_timeout(headers.get("x-server-timeout"))
-            response = await self._callable(route)(request, metadata=metadata, timeout=timeout)
+            response = await self._callable(route)(request, metadata=tuple(metadata), timeout=timeout)
         except RestError as error:
             return http_status(error.code), _error_json(error.code, error.message)
         except grpc.aio.AioRpcError as error:
@@ -406,8 +414,10 @@ def http_protocol_factory(gateway: RestGateway) -> Any:
             payload["error"]["code"] = 413
             return web.json_response(payload, status=413)
         try:
+            transport = request.transport
+            client = peer_name(transport.get_extra_info("peername")) if transport is not None else None
             status, payload_bytes = await gateway.call(
-                request.method, raw_path, request.rel_url.query.items(), body, request.headers
+                request.method, raw_path, request.rel_url.query.items(), body, request.headers, client
             )
         except Exception:  # a bug here: say so in the log, and answer in the JSON form all the same
             logger.exception("REST %s %s failed", request.method, raw_path)
