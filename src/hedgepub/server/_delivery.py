@@ -1,7 +1,14 @@
 """Delivery: one subscription's state machine (ready, leased, ordering, dead-letter) and the lease timer.
 
-All of it runs on one event loop and is driven by an injected clock; nothing here touches gRPC or the
-store. The core (:mod:`._core`) writes to the store and calls in here.
+All of it runs on one event loop and is driven by an injected clock; nothing here touches gRPC or writes
+to the store. The core (:mod:`._core`) writes to the store and calls in here; a subscription reads its
+backlog from the store only through the page source it is given.
+
+- A subscription holds a bounded window of its backlog in memory (``window`` ready messages, those
+  waiting behind their ordering key included) and reads the rest in pages as the window drains, so its
+  memory follows the window and its leases, not the backlog (see :class:`SubscriptionState`).
+- A response holds at most :data:`MAX_MESSAGES_PER_RESPONSE` messages and :data:`MAX_RESPONSE_BYTES`
+  (under the official clients' 4 MiB); a single larger message goes alone.
 
 - Each subscription has a ``ready`` queue. Delivering a message leases it under a fresh ack ID until a
   deadline; acknowledging drops it, a modify-deadline of 0 (nack) or the deadline passing puts it back
