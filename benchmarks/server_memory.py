@@ -9,7 +9,8 @@ figures are its resident set size (VmRSS) and, for SQLite, the size of the datab
 - ``subscriptions``: 1, 50 and 200 subscriptions on one topic, each holding the same 20,000 messages:
   the same figures.
 - ``acked``: 500,000 messages published and acknowledged in chunks through the in-memory server (RSS
-  before and after), and 300,000 through SQLite (file size before and after).
+  before and after), and 300,000 through SQLite (file size before and after); then 100,000 published
+  to SQLite first and acknowledged afterwards (file size, and how the incremental vacuum shrinks it).
 
     python benchmarks/server_memory.py                         # everything, full sizes (several minutes)
     python benchmarks/server_memory.py backlog --backlogs 0,100000
@@ -183,6 +184,27 @@ def acked_case(kind: str, messages: int, size: int, chunk: int) -> tuple[int, in
     return rss_before, rss_after, file_before, file_after
 
 
+def bulk_case(messages: int, size: int, settle: float) -> tuple[int, int, int]:
+    """Publish ``messages`` to SQLite, then acknowledge them all: file after publishing, right after the
+    last acknowledgement, and ``settle`` seconds later (the incremental vacuum works while idle)."""
+    with tempfile.TemporaryDirectory(prefix="hedgepub-bulk-") as data_dir:
+        server = ServerProcess("sqlite", Path(data_dir))
+        server.start()
+        try:
+            subscription = _subscription(0)
+            asyncio.run(create_topic_and_subscriptions(server.address, TOPIC, [subscription]))
+            request = build_request(TOPIC, 1000, size)
+            asyncio.run(publish_requests(server.address, messages // 1000 - 1, 4, request))
+            published = _file_bytes(Path(data_dir))
+            asyncio.run(drain(server.address, subscription, messages))
+            acknowledged = _file_bytes(Path(data_dir))
+            time.sleep(settle)
+            settled = _file_bytes(Path(data_dir))
+        finally:
+            server.stop()
+    return published, acknowledged, settled
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the chosen parts and print their tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -194,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--acked-memory", type=int, default=500_000, help="messages through the memory store")
     parser.add_argument("--acked-sqlite", type=int, default=300_000, help="messages through SQLite")
     parser.add_argument("--acked-size", type=int, default=1000, help="bytes per acknowledged message")
+    parser.add_argument("--bulk", type=int, default=100_000, help="SQLite: published first, then acked")
     parser.add_argument("--baseline-src", type=Path, help="the src/ directory of another hedgepub to compare")
     args = parser.parse_args(argv)
     targets: list[tuple[str, Path | None]] = [("sqlite", None)]
@@ -238,6 +261,11 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"SQLite, {args.acked_sqlite:,}: file {file_before / MIB:.1f} MiB -> {file_after / MIB:.1f} MiB, "
             f"RSS {rss_before / MIB:.0f} MiB -> {rss_after / MIB:.0f} MiB"
+        )
+        published, acknowledged, settled = bulk_case(args.bulk, args.acked_size, 10.0)
+        print(
+            f"SQLite, {args.bulk:,} published first, then all acknowledged: file {published / MIB:.1f} MiB, "
+            f"{acknowledged / MIB:.1f} MiB at the last acknowledgement, {settled / MIB:.1f} MiB 10 s later"
         )
 
 
