@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -453,6 +454,25 @@ def test_a_pull_answers_within_x_server_timeout(rest: Rest) -> None:
     answer = rest.request("POST", f"/v1/{subscription}:pull", {"maxMessages": 1}, {"X-Server-Timeout": "1"})
     assert answer == (200, {})
     assert time.monotonic() - started < PULL_WAIT_SECONDS
+
+
+def test_a_client_that_asks_before_sending_its_body_is_told_to_continue(server: LocalServer) -> None:
+    # curl sends "Expect: 100-continue" before a large body and waits (a second) for the go-ahead.
+    body = json.dumps({"labels": {"asked": "first"}}).encode()
+    head = (
+        f"PUT /v1/{PROJECT}/topics/asked HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        "Expect: 100-continue\r\n\r\n"
+    ).encode()
+    with socket.create_connection((server.host, server.port), timeout=10) as connection:
+        connection.sendall(head)
+        assert connection.recv(25) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        connection.sendall(body)
+        answer = b""
+        while b"}\n}" not in answer:
+            chunk = connection.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 OK") and b'"asked": "first"' in answer
 
 
 def test_the_root_path_answers_ok_as_the_emulator_does(rest: Rest) -> None:

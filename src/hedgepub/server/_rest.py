@@ -406,6 +406,11 @@ def http_protocol_factory(gateway: RestGateway) -> Any:
         if raw_path == "/" and request.method in ("GET", "HEAD"):
             # What the Google emulator answers too; scripts poll it to learn the server is up.
             return web.Response(text="Ok\n")
+        if request.version >= (1, 1) and request.headers.get("expect", "").lower() == "100-continue":
+            # curl asks before sending a large body and waits a second for this; aiohttp's low-level
+            # server leaves the answer to the handler (its web.Application sends it the same way).
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
