@@ -1,4 +1,5 @@
-"""A local Pub/Sub-compatible server: ``google.pubsub.v1`` over gRPC, pure Python, durable on SQLite.
+"""A local Pub/Sub-compatible server: ``google.pubsub.v1`` over gRPC and REST on one port, pure Python,
+durable on SQLite.
 
 Start it from Python::
 
@@ -22,6 +23,7 @@ IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, pol
 Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator; checks in
 :mod:`._resources`, each subscription's state machine in :mod:`._delivery`) ->
 :mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor.
+:mod:`._rest` answers REST calls through the gRPC face, behind :mod:`._front`, which owns the public port.
 """
 
 from hedgepub.server._core import PubSubCore

@@ -14,7 +14,9 @@ The relay costs the server's event loop one callback per chunk and direction: ``
 ``send`` it on; only when the other side cannot take it all does it stop reading and wait to be able to
 write (so a slow reader holds the sender back, as TCP would). It works on the raw sockets through the
 loop's reader and writer callbacks rather than through asyncio transports and protocols, whose extra
-layers cost the server measurably more CPU per relayed RPC (see ``benchmarks/rest_front.py``).
+layers cost the server measurably more CPU per relayed RPC. Even so the relay costs the server about 10%
+more CPU per Publish than gRPC alone (``benchmarks/rest_front.py``; the README has the figures), which
+``rest=False`` avoids.
 """
 
 from __future__ import annotations
