@@ -22,18 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from hdrh.histogram import HdrHistogram
-
 from hedgepub._exceptions import RpcError
+from hedgepub._stats import latency_histogram, latency_micros, max_ms, percentile_ms
 from hedgepub._status import StatusCode
 from hedgepub._transport import Transport
 
 _LOGGER = logging.getLogger("hedgepub")
-
-# Microseconds from 1 us to one hour, three significant digits, as the publisher's batch latencies.
-_LOWEST_US = 1
-_HIGHEST_US = 3_600_000_000
-_SIGNIFICANT_DIGITS = 3
 
 
 @dataclass(frozen=True)
@@ -67,7 +61,8 @@ class _EndpointRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._histogram = HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+        # In the layout of the publisher's batch latencies.
+        self._histogram = latency_histogram()
         self.attempts_sent = 0
         self.hedges_sent = 0
         self.attempts_failed = 0
@@ -79,7 +74,7 @@ class _EndpointRecorder:
             self.hedges_sent += hedges
 
     def answered(self, seconds: float) -> None:
-        micros = min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
+        micros = latency_micros(seconds)
         with self._lock:
             self._histogram.record_value(micros)
 
@@ -94,20 +89,15 @@ class _EndpointRecorder:
     def snapshot(self) -> EndpointStats:
         with self._lock:
             histogram = self._histogram
-            empty = histogram.get_total_count() == 0
-
-            def percentile(value: float) -> float:
-                return 0.0 if empty else histogram.get_value_at_percentile(value) / 1000.0
-
             return EndpointStats(
                 attempts_sent=self.attempts_sent,
                 hedges_sent=self.hedges_sent,
                 attempts_failed=self.attempts_failed,
                 wins=self.wins,
-                p50_ms=percentile(50),
-                p90_ms=percentile(90),
-                p99_ms=percentile(99),
-                max_ms=0.0 if empty else histogram.get_max_value() / 1000.0,
+                p50_ms=percentile_ms(histogram, 50),
+                p90_ms=percentile_ms(histogram, 90),
+                p99_ms=percentile_ms(histogram, 99),
+                max_ms=max_ms(histogram),
             )
 
 

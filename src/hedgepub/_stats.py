@@ -19,6 +19,28 @@ _HIGHEST_US = 3_600_000_000
 _SIGNIFICANT_DIGITS = 3
 
 
+def latency_histogram() -> HdrHistogram:
+    """An empty histogram of latencies in microseconds, in the layout above."""
+    return HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+
+
+def latency_micros(seconds: float) -> int:
+    """``seconds`` as whole microseconds, clamped into the range of :func:`latency_histogram`."""
+    return min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
+
+
+def percentile_ms(histogram: HdrHistogram, percentile: float) -> float:
+    """The ``percentile``-th value of a :func:`latency_histogram` in milliseconds (0.0 when empty)."""
+    if histogram.get_total_count() == 0:
+        return 0.0
+    return histogram.get_value_at_percentile(percentile) / 1000.0
+
+
+def max_ms(histogram: HdrHistogram) -> float:
+    """The largest value of a :func:`latency_histogram` in milliseconds (0.0 when empty)."""
+    return 0.0 if histogram.get_total_count() == 0 else histogram.get_max_value() / 1000.0
+
+
 @dataclass(frozen=True)
 class PublisherStats:
     """A snapshot of what a publisher has done since it was created.
@@ -64,7 +86,7 @@ class StatsRecorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._histogram = HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+        self._histogram = latency_histogram()
         self.messages_published = 0
         self.messages_failed = 0
         self.batches_sent = 0
@@ -75,7 +97,7 @@ class StatsRecorder:
 
     def record_batch(self, messages: int, outcome: BatchOutcome) -> None:
         """Count one batch of ``messages`` messages that went through the engine, as ``outcome`` tells."""
-        micros = min(max(round(outcome.latency * 1_000_000), _LOWEST_US), _HIGHEST_US)
+        micros = latency_micros(outcome.latency)
         with self._lock:
             if outcome.ok:
                 self.messages_published += messages
@@ -104,11 +126,6 @@ class StatsRecorder:
         the per-endpoint stats."""
         with self._lock:
             histogram = self._histogram
-            empty = histogram.get_total_count() == 0
-
-            def percentile(value: float) -> float:
-                return 0.0 if empty else histogram.get_value_at_percentile(value) / 1000.0
-
             return PublisherStats(
                 messages_published=self.messages_published,
                 messages_failed=self.messages_failed,
@@ -119,10 +136,10 @@ class StatsRecorder:
                 hedges_skipped=self.hedges_skipped,
                 tokens_available=tokens_available,
                 hedge_delay_ms=hedge_delay * 1000.0,
-                p50_ms=percentile(50),
-                p90_ms=percentile(90),
-                p99_ms=percentile(99),
-                p999_ms=percentile(99.9),
-                max_ms=0.0 if empty else histogram.get_max_value() / 1000.0,
+                p50_ms=percentile_ms(histogram, 50),
+                p90_ms=percentile_ms(histogram, 90),
+                p99_ms=percentile_ms(histogram, 99),
+                p999_ms=percentile_ms(histogram, 99.9),
+                max_ms=max_ms(histogram),
                 endpoints=endpoints if endpoints is not None else {},
             )
