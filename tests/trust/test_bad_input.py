@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hedgepub.server import LocalServer
+from hedgepub.server._faults import METHODS
 
 SCALE = int(os.environ.get("HEDGEPUB_TRUST_EXAMPLES", "") or 1)
 
@@ -91,68 +92,8 @@ PB: dict[str, Any] = {
     )
 }
 
-PUBLISHER = "google.pubsub.v1.Publisher"
-SUBSCRIBER = "google.pubsub.v1.Subscriber"
-IAM = "google.iam.v1.IAMPolicy"
-SCHEMA = "google.pubsub.v1.SchemaService"
-#: Every method of the four services, by short name -> full path.
-METHODS: dict[str, str] = {
-    method: f"/{service}/{method}"
-    for service, methods in (
-        (
-            PUBLISHER,
-            (
-                "CreateTopic",
-                "UpdateTopic",
-                "Publish",
-                "GetTopic",
-                "ListTopics",
-                "ListTopicSubscriptions",
-                "ListTopicSnapshots",
-                "DeleteTopic",
-                "DetachSubscription",
-            ),
-        ),
-        (
-            SUBSCRIBER,
-            (
-                "CreateSubscription",
-                "GetSubscription",
-                "UpdateSubscription",
-                "ListSubscriptions",
-                "DeleteSubscription",
-                "ModifyAckDeadline",
-                "Acknowledge",
-                "Pull",
-                "StreamingPull",
-                "ModifyPushConfig",
-                "GetSnapshot",
-                "ListSnapshots",
-                "CreateSnapshot",
-                "UpdateSnapshot",
-                "DeleteSnapshot",
-                "Seek",
-            ),
-        ),
-        (IAM, ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions")),
-        (
-            SCHEMA,
-            (
-                "CreateSchema",
-                "GetSchema",
-                "ListSchemas",
-                "ListSchemaRevisions",
-                "CommitSchema",
-                "RollbackSchema",
-                "DeleteSchemaRevision",
-                "DeleteSchema",
-                "ValidateSchema",
-                "ValidateMessage",
-            ),
-        ),
-    )
-    for method in methods
-}
+# METHODS (every method of the four services, short name -> full path) is the fault injector's table,
+# which tests/server/test_faults.py checks against the protocol descriptors.
 
 #: Codes any RPC may answer with (Pub/Sub's documented error codes that bad input can cause).
 DOCUMENTED = frozenset(
