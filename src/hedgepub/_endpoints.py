@@ -157,7 +157,7 @@ class EndpointRoutes:
 
     def index_for(self, attempt_number: int) -> int:
         """Which endpoint attempt ``attempt_number`` goes to: 0 (primary) for the original and retries."""
-        others = len(self.labels) - 1
+        others = self.hedge_endpoint_count
         if attempt_number <= 0 or others == 0:
             return 0
         return 1 + (attempt_number - 1) % others
@@ -212,7 +212,7 @@ class EndpointRoutes:
         ``hedges_sent`` were sent), so that the endpoints add up to the publisher's ``attempts_sent``
         and ``hedges_sent`` even for a hedge cancelled before its task ever reached the transport.
         """
-        others = len(self.labels) - 1
+        others = self.hedge_endpoint_count
         if others == 0:
             self._recorders[0].sent(attempts_sent, hedges_sent)
         else:
