@@ -1,4 +1,4 @@
-"""Fixtures shared by several test directories: a real HTTP push endpoint on 127.0.0.1."""
+"""Fixtures shared by several test directories: polling for a condition, a real HTTP push endpoint."""
 
 from __future__ import annotations
 
@@ -10,6 +10,21 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture
+def wait_for() -> Callable[..., bool]:
+    """Poll a condition until it holds (or 10 s pass); only where a real client's threads do the work."""
+    return _wait_for
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ Through the official Python clients, with a bearer token per call.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -101,15 +100,6 @@ def _nack_until_forwarded_or(subscriber: Any, subscription: str, rounds: int) ->
     return attempts
 
 
-def _wait_for(condition: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 # ------------------------------------------------------------------------------------------- dead letters
 def test_a_dead_letter_topic_that_does_not_grant_the_forwarder_is_refused_on_create(clients) -> None:
     _, subscriber, _ = clients
@@ -147,13 +137,13 @@ def _publish(publisher: Any, data: bytes) -> None:
         publisher.api.publish(request={"topic": SOURCE, "messages": [{"data": data}]}, metadata=ADMIN)
 
 
-def test_forwarding_works_where_granted(clients) -> None:
+def test_forwarding_works_where_granted(clients, wait_for) -> None:
     publisher, subscriber, server = clients
     _grant(publisher, PROTECTED, {"roles/pubsub.publisher": [FORWARDER]})
     subscription = subscriber.create_subscription(request=_subscription("audit", PROTECTED), metadata=ADMIN)
     _publish(publisher, b"poison")
     assert _nack_until_forwarded_or(subscriber, subscription.name, 10) == [1, 2, 3, 4, 5]
-    assert _wait_for(lambda: [m.data for m in server.messages(PROTECTED)] == [b"poison"])
+    assert wait_for(lambda: [m.data for m in server.messages(PROTECTED)] == [b"poison"], timeout=5.0)
 
 
 def test_a_withdrawn_grant_stops_forwarding_and_keeps_the_message(clients) -> None:

@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -117,21 +116,6 @@ def subscriber() -> Iterator[pubsub_v1.SubscriberClient]:
     client = pubsub_v1.SubscriberClient()
     yield client
     client.close()
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
-@pytest.fixture
-def wait_for() -> Callable[..., bool]:
-    """Poll a condition until it holds (or 10 s pass); only where a real client's threads do the work."""
-    return _wait_for
 
 
 @pytest.fixture
