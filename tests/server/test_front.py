@@ -8,8 +8,12 @@ through the relay.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,15 +24,20 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub.server import LocalServer
-from hedgepub.server._front import HTTP2_PREFACE
+from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
 
 PROJECT = "projects/front-project"
 PullRequest: Any = pubsub_types.PullRequest.pb()
 PullResponse: Any = pubsub_types.PullResponse.pb()
 
 
-@pytest.fixture
-def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
+#: Both ways the front relays gRPC: by its relay process (Linux) and on the server's event loop.
+RELAYS = ["process", "loop"]
+
+
+@pytest.fixture(params=RELAYS)
+def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, request.param)
     with LocalServer(in_memory=True) as local:
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
         yield local
@@ -110,7 +119,9 @@ def test_large_messages_cross_the_relay_both_ways(server: LocalServer) -> None:
         subscriber.close()
 
 
-def test_stopping_the_server_closes_relayed_connections() -> None:
+@pytest.mark.parametrize("relay", RELAYS)
+def test_stopping_the_server_closes_relayed_connections(relay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, relay)
     server = LocalServer(in_memory=True).start()
     connection = _connect(server)
     try:
@@ -136,3 +147,107 @@ def test_the_request_log_names_the_client_of_a_relayed_call(
     [logged] = [record.getMessage() for record in caplog.records if record.name == "hedgepub.server.requests"]
     # The client's own address, not the front's connection to the gRPC face.
     assert re.fullmatch(r"CreateTopic OK [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+\)", logged)
+
+
+def _relay_processes(parent: int) -> list[int]:
+    """The relay processes whose parent is ``parent`` (or, with ``parent`` 0, any)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if b"_relay_process.py" not in cmdline.read():
+                    continue
+            with open(f"/proc/{entry}/stat") as stat:
+                parent_pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if parent in (0, parent_pid):
+            found.append(int(entry))
+    return found
+
+
+def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+        if not alive:
+            return []
+        time.sleep(0.02)
+    return alive
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the relay process is Linux's")
+
+
+@linux_only
+def test_grpc_goes_on_when_the_relay_process_dies(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
+    with LocalServer(in_memory=True) as server:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        [relay] = _relay_processes(os.getpid())
+        os.kill(relay, signal.SIGKILL)
+        assert _wait_gone([relay]) == []
+        # A connection made after the death is relayed on the event loop instead, and works.
+        publisher = pubsub_v1.PublisherClient()
+        try:
+            with caplog.at_level(logging.WARNING, logger="hedgepub.server"):
+                assert (
+                    publisher.create_topic(name=f"{PROJECT}/topics/after").name == f"{PROJECT}/topics/after"
+                )
+        finally:
+            publisher.stop()
+    assert any("relay process is gone" in record.getMessage() for record in caplog.records)
+
+
+@linux_only
+def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
+    # LocalServer: stopping it ends its relay process.
+    with LocalServer(in_memory=True):
+        relays = _relay_processes(os.getpid())
+        assert len(relays) == 1
+    assert _wait_gone(relays) == []
+    # hedgepub serve, SIGKILLed with a connection being relayed: its relay process ends too.
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from hedgepub.cli import main; main()",
+            "serve",
+            "--in-memory",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert serve.stdout is not None
+        line = serve.stdout.readline().decode()
+        address = re.search(r"PUBSUB_EMULATOR_HOST=(\S+)", line)
+        assert address is not None, line
+        host, port = address.group(1).rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            connection.sendall(HTTP2_PREFACE)
+            assert connection.recv(9)  # relayed: the gRPC face answered
+            relays = _relay_processes(serve.pid)
+            assert len(relays) == 1
+            serve.kill()
+            serve.wait()
+            assert _wait_gone(relays) == []
+            connection.settimeout(10)
+            assert _read_until_closed_or(connection, b"never sent") is not None  # returns once closed
+    finally:
+        serve.kill()
+        serve.wait()

@@ -10,13 +10,15 @@ consuming them:
 - any other connection is HTTP/1.1, handed whole to aiohttp's low-level HTTP server, whose handler is
   the :class:`~hedgepub.server._rest.RestGateway`.
 
-The relay costs the server's event loop one callback per chunk and direction: ``recv`` up to 64 KiB,
-``send`` it on; only when the other side cannot take it all does it stop reading and wait to be able to
-write (so a slow reader holds the sender back, as TCP would). It works on the raw sockets through the
-loop's reader and writer callbacks rather than through asyncio transports and protocols, whose extra
-layers cost the server measurably more CPU per relayed RPC. Even so the relay costs the server about 10%
-more CPU per Publish than gRPC alone (``benchmarks/rest_front.py``; the README has the figures), which
-``rest=False`` avoids.
+The server's one Python thread is what limits its throughput, so where it can (Linux) the front does not
+relay gRPC's bytes itself: it hands each gRPC connection's socket to a small relay process
+(:mod:`hedgepub.server._relay_process`) that moves them with ``splice(2)``, in the kernel, on the other
+core. That process starts in its own session, so that a scheduler that shares CPU between sessions
+(Linux's autogroups) does not make it queue behind the server's busy thread. Elsewhere, or when the
+process cannot be started (or dies), or with ``HEDGEPUB_RELAY=loop`` in the environment, the server's
+event loop relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
+rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
+are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import secrets
 import socket
+import subprocess
 import sys
 import urllib.parse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("hedgepub.server")
@@ -47,6 +52,8 @@ SNIFF_TIMEOUT_SECONDS = 30.0
 BACKLOG = 128
 
 _RETRY = (BlockingIOError, InterruptedError)
+#: ``HEDGEPUB_RELAY=loop`` relays gRPC on the server's event loop even where the relay process would run.
+RELAY_ENVIRONMENT = "HEDGEPUB_RELAY"
 
 #: The front's connections to the gRPC face (a Linux abstract unix socket) are bound to a name that
 #: starts with this and carries the client's address, so that the gRPC face's ``context.peer()`` still
@@ -73,8 +80,9 @@ def client_peer(peer: str) -> str:
     return peer
 
 
-class _Relay:
-    """Both directions of one gRPC connection: the public socket and the one to the gRPC face."""
+class _LoopRelay:
+    """Both directions of one gRPC connection relayed on the event loop: the public socket and the one to
+    the gRPC face."""
 
     def __init__(
         self,
@@ -143,6 +151,51 @@ class _Relay:
             sock.close()
 
 
+class _RelayProcess:
+    """The child process that relays gRPC connections (see :mod:`hedgepub.server._relay_process`)."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    str(Path(__file__).with_name("_relay_process.py")),
+                    str(child.fileno()),
+                ],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self._control = parent
+
+    def hand_over(self, client: socket.socket, target: str, name: str) -> None:
+        """Give ``client`` to the process, to relay to the abstract unix name ``target`` from ``name``.
+
+        Raises OSError when the process cannot take it (it died, or is too far behind to read).
+        """
+        socket.send_fds(self._control, [f"{target}\0{name}".encode()], [client.fileno()])
+        client.close()
+
+    async def stop(self) -> None:
+        """Close the control socket, which ends the process; wait for it."""
+        self._control.close()
+        for _ in range(200):
+            if self.process.poll() is not None:
+                return
+            await asyncio.sleep(0.01)
+        self.process.kill()
+        self.process.wait()
+
+
 class OnePortFront:
     """The public listener: gRPC connections relayed to the gRPC face, HTTP/1.1 ones served here.
 
@@ -156,9 +209,10 @@ class OnePortFront:
         self._http_protocol_factory: Callable[[], Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Connections being relayed, and those not yet told apart (with their timeout), closed on stop.
-        self.relays: set[_Relay] = set()
+        self.relays: set[_LoopRelay] = set()
         self._sniffing: dict[socket.socket, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._relay_process: _RelayProcess | None = None
         self.port = 0
 
     async def bind(self, host: str, port: int) -> int:
@@ -192,6 +246,17 @@ class OnePortFront:
         assert self._loop is not None, "bind() first"
         self._grpc_family, self._grpc_address = grpc_family, grpc_address
         self._http_protocol_factory = http_protocol_factory
+        if (
+            hasattr(os, "splice")
+            and hasattr(socket, "send_fds")
+            and isinstance(grpc_address, str)
+            and grpc_address.startswith("\0")
+            and os.environ.get(RELAY_ENVIRONMENT, "process") != "loop"
+        ):
+            try:
+                self._relay_process = _RelayProcess()
+            except OSError as error:
+                logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
         for listener in self._listeners:
             self._loop.add_reader(listener.fileno(), self._accept, listener)
 
@@ -258,6 +323,20 @@ class OnePortFront:
 
     async def _relay_to_grpc(self, client: socket.socket) -> None:
         assert self._loop is not None
+        if self._relay_process is not None:
+            # An abstract unix name costs nothing and tells the gRPC face who the client is.
+            name = f"{RELAYED_PEER_PREFIX}{peer_name(client.getpeername())}/{secrets.token_hex(4)}"
+            try:
+                self._relay_process.hand_over(client, self._grpc_address[1:], name)
+                return
+            except BlockingIOError:
+                pass  # the process is behind: this one connection is relayed here
+            except OSError as error:
+                logger.warning(
+                    "relaying gRPC on the event loop from now on: the relay process is gone (%s)", error
+                )
+                self._spawn(self._relay_process.stop())
+                self._relay_process = None
         upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         try:
@@ -273,7 +352,7 @@ class OnePortFront:
             return
         if upstream.family in (socket.AF_INET, socket.AF_INET6):
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _Relay(self._loop, client, upstream, self)
+        _LoopRelay(self._loop, client, upstream, self)
 
     async def _serve_http(self, connection: socket.socket) -> None:
         assert self._loop is not None and self._http_protocol_factory is not None
@@ -303,6 +382,9 @@ class OnePortFront:
             relay.close()
         for connection in list(self._sniffing):
             self._forget(connection)
+        relay_process, self._relay_process = self._relay_process, None
+        if relay_process is not None:
+            await relay_process.stop()
 
 
 def _is_windows() -> bool:
