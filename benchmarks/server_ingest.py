@@ -76,8 +76,16 @@ class ServerProcess:
     tree (an older hedgepub). ``data_dir`` (SQLite) survives :meth:`kill`, so a restart reads it back.
     """
 
-    def __init__(self, kind: str, data_dir: Path | None = None, source: Path | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        data_dir: Path | None = None,
+        source: Path | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> None:
         self.kind = kind
+        #: Variables set in the server's environment besides PYTHONPATH.
+        self.environment = environment or {}
         self.data_dir = data_dir
         self.source = source or _SOURCE
         self.port = free_port()
@@ -104,7 +112,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 120.0) -> float:
         """Start it and wait until it answers an RPC (GetTopic); returns the seconds that took."""
-        environment = dict(os.environ, PYTHONPATH=str(self.source))
+        environment = dict(os.environ, PYTHONPATH=str(self.source), **self.environment)
         started = time.perf_counter()
         self.process = subprocess.Popen(
             self.command(),
