@@ -357,6 +357,57 @@ def test_publish_pull_modify_and_acknowledge_over_rest(
     )
 
 
+def test_an_exactly_once_ack_failure_carries_its_error_info_over_rest(rest: Rest) -> None:
+    topic, subscription = f"{PROJECT}/topics/payments", f"{PROJECT}/subscriptions/payments-eo"
+    rest.request("PUT", f"/v1/{topic}", {})
+    status, created = rest.request(
+        "PUT", f"/v1/{subscription}", {"topic": topic, "enableExactlyOnceDelivery": True}
+    )
+    assert (status, created["enableExactlyOnceDelivery"]) == (200, True)
+    rest.request("POST", f"/v1/{topic}:publish", {"messages": [{"data": "YQ=="}, {"data": "Yg=="}]})
+    status, pulled = rest.request(
+        "POST", f"/v1/{subscription}:pull", {"maxMessages": 2, "returnImmediately": True}
+    )
+    first, second = (item["ackId"] for item in pulled["receivedMessages"])
+    assert rest.request("POST", f"/v1/{subscription}:acknowledge", {"ackIds": [first]}) == (200, {})
+
+    # The stale ID (already acknowledged) and a malformed one fail; the valid one is applied all the same.
+    status, document = rest.request(
+        "POST", f"/v1/{subscription}:acknowledge", {"ackIds": [first, second, "not-an-ack-id"]}
+    )
+    assert status == 400
+    assert document == {
+        "error": {
+            "code": 400,
+            "message": "Some acknowledgement ids in the request were invalid. This could be because the "
+            "acknowledgement ids have expired or the acknowledgement ids were malformed.",
+            "status": "INVALID_ARGUMENT",
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "EXACTLY_ONCE_ACKID_FAILURE",
+                    "domain": "pubsub.googleapis.com",
+                    "metadata": {
+                        first: "PERMANENT_FAILURE_INVALID_ACK_ID",
+                        "not-an-ack-id": "PERMANENT_FAILURE_INVALID_ACK_ID",
+                    },
+                }
+            ],
+        }
+    }
+    status, document = rest.request(
+        "POST", f"/v1/{subscription}:modifyAckDeadline", {"ackIds": [second], "ackDeadlineSeconds": 60}
+    )
+    assert status == 400
+    [detail] = document["error"]["details"]
+    assert detail["metadata"] == {second: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    # An error without details keeps the plain form.
+    assert rest.request("GET", f"/v1/{PROJECT}/topics/missing") == (
+        404,
+        error(404, "NOT_FOUND", "Resource not found (resource=missing)."),
+    )
+
+
 def test_paging_and_query_parameters(rest: Rest) -> None:
     for name in ("alpha", "bravo", "charlie"):
         assert rest.request("PUT", f"/v1/{PROJECT}/topics/{name}", {})[0] == 200

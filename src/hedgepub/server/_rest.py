@@ -11,7 +11,9 @@ the proto3 JSON mapping) and sent to the server's own gRPC port over an in-proce
 the same interceptor (fault injection, request logging), IAM check (``authorization`` is passed on as
 metadata), handlers and error mapping as a gRPC call: the two faces cannot drift apart. A gRPC status
 comes back as Google's JSON error, ``{"error": {"code": 404, "message": ..., "status": "NOT_FOUND"}}``,
-with the HTTP status the real service gives that code.
+with the HTTP status the real service gives that code, and the status's details (the
+``google.rpc.Status`` of the ``grpc-status-details-bin`` trailer, such as the ``ErrorInfo`` of an
+exactly-once acknowledgement) as ``"details"``, each ``google.protobuf.Any`` in the proto3 JSON mapping.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import grpc.aio
 from google.api_core import exceptions as api_exceptions
 from google.iam.v1 import iam_policy_pb2
 from google.protobuf import descriptor, empty_pb2, json_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2
 
 from hedgepub.server._front import REST_CLIENT_METADATA, peer_name
 
@@ -173,9 +176,46 @@ def http_status(code: grpc.StatusCode) -> int:
     return int(api_exceptions.exception_class_for_grpc_status(code).code or 500)
 
 
-def error_body(code: grpc.StatusCode, message: str) -> dict[str, Any]:
-    """Google's JSON error form for a gRPC status."""
-    return {"error": {"code": http_status(code), "message": message, "status": code.name}}
+def error_body(code: grpc.StatusCode, message: str, details: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Google's JSON error form for a gRPC status; ``details`` (JSON ``Any`` objects) when there are any."""
+    body: dict[str, Any] = {"code": http_status(code), "message": message, "status": code.name}
+    details = list(details)
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+#: The trailer in which a gRPC status carries its ``google.rpc.Status`` (with details).
+STATUS_DETAILS_METADATA = "grpc-status-details-bin"
+
+# The JSON mapping of an Any needs its type in the default descriptor pool: importing the module that
+# defines the standard error details (ErrorInfo, RetryInfo, BadRequest, ...) registers them.
+_ERROR_DETAIL_TYPES = error_details_pb2.DESCRIPTOR
+
+
+def status_details(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> list[dict[str, Any]]:
+    """The details of a failed call's ``google.rpc.Status`` trailer, each in the proto3 JSON mapping of
+    ``google.protobuf.Any`` (``{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": ...}``).
+
+    Empty when the trailer is absent; a trailer that does not parse, or a detail of a type this process
+    does not know, is left out (and logged) rather than failing the answer.
+    """
+    for key, value in trailing_metadata or ():
+        if key != STATUS_DETAILS_METADATA or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:
+            logger.warning("REST: a %s trailer that does not parse was left out", STATUS_DETAILS_METADATA)
+            return []
+        details: list[dict[str, Any]] = []
+        for detail in status.details:
+            try:
+                details.append(json_format.MessageToDict(detail))
+            except (TypeError, json_format.Error) as error:
+                logger.warning("REST: status detail %s left out: %s", detail.type_url, error)
+        return details
+    return []
 
 
 def _field_path(message_descriptor: descriptor.Descriptor, path: str) -> list[descriptor.FieldDescriptor]:
@@ -373,7 +413,8 @@ class RestGateway:
         except RestError as error:
             return http_status(error.code), _error_json(error.code, error.message)
         except grpc.aio.AioRpcError as error:
-            return http_status(error.code()), _error_json(error.code(), error.details() or "")
+            details = status_details(error.trailing_metadata())
+            return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
         return 200, to_json(response)
 
 
@@ -389,8 +430,8 @@ def _server_timeout(header: str | None) -> float | None:
     return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
-def _error_json(code: grpc.StatusCode, message: str) -> bytes:
-    return json.dumps(error_body(code, message), indent=2).encode()
+def _error_json(code: grpc.StatusCode, message: str, details: Iterable[dict[str, Any]] = ()) -> bytes:
+    return json.dumps(error_body(code, message, details), indent=2).encode()
 
 
 def http_protocol_factory(gateway: RestGateway) -> Any:
