@@ -17,7 +17,9 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as types
 from google.pubsub_v1.types import schema as schema_types
 
-from hedgepub.server import IamConfig, LocalServer
+from hedgepub._status import StatusCode
+from hedgepub.server import IamConfig, LocalServer, ServiceError
+from hedgepub.server._iam import IamEnforcer
 
 PROJECT = "projects/iam-project"
 OTHER_PROJECT = "projects/other-project"
@@ -613,6 +615,106 @@ def test_detach_is_checked_on_the_subscriptions_topic(caller: Caller) -> None:
     assert caller.code_of("DetachSubscription", request, "t-nobody") == grpc.StatusCode.OK
     got = caller.call("GetSubscription", types.GetSubscriptionRequest.pb()(subscription=subscription), ADMIN)
     assert got.detached
+
+
+def _with_schema(topic: str, schema: str) -> Any:
+    return types.Topic.pb()(
+        name=topic,
+        schema_settings=types.SchemaSettings.pb()(schema=schema, encoding=schema_types.Encoding.JSON),
+    )
+
+
+def test_a_topic_naming_a_schema_needs_schemas_attach(caller: Caller) -> None:
+    schema = caller.create_schema().name
+    editor = token_of("roles/pubsub.editor")
+    # The Pub/Sub editor holds pubsub.schemas.attach (with topics.create and topics.update).
+    created = caller.call(
+        "CreateTopic", _with_schema(f"{PROJECT}/topics/{caller.unique('t')}", schema), editor
+    )
+    assert created.schema_settings.schema == schema
+
+    # An editor of one topic only (a topic policy) may update it, but not attach a schema to it: the
+    # schema grants nothing to that caller.
+    topic = caller.create_topic()
+    caller.set_policy(topic, {"roles/pubsub.editor": ["user:nobody@example.com"]})
+    attach = types.UpdateTopicRequest.pb()(
+        topic=_with_schema(topic, schema), update_mask={"paths": ["schema_settings"]}
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        caller.call("UpdateTopic", attach, "t-nobody")
+    _expect(refused.value, grpc.StatusCode.PERMISSION_DENIED, DENIED)
+    get = types.GetTopicRequest.pb()(topic=topic)
+    assert not caller.call("GetTopic", get, ADMIN).HasField("schema_settings")
+    # A mask that leaves schema_settings alone attaches nothing, whatever the request's topic carries.
+    relabel = types.UpdateTopicRequest.pb()(
+        topic=_with_schema(topic, schema), update_mask={"paths": ["labels"]}
+    )
+    relabel.topic.labels["team"] = "a"
+    assert caller.call("UpdateTopic", relabel, "t-nobody").labels == {"team": "a"}
+    # Detaching (an empty schema_settings) names no schema, so needs no attach permission.
+    detach = types.UpdateTopicRequest.pb()(
+        topic=types.Topic.pb()(name=topic), update_mask={"paths": ["schema_settings"]}
+    )
+    assert caller.code_of("UpdateTopic", detach, "t-nobody") == grpc.StatusCode.OK
+    # Who holds attach (the project editor) may attach it to that topic.
+    assert caller.call("UpdateTopic", attach, editor).schema_settings.schema == schema
+    assert caller.call("GetTopic", get, ADMIN).schema_settings.schema == schema
+
+
+class _SchemaGuard:
+    """An authorizer that asks IAM, and also refuses ``pubsub.schemas.attach`` on one schema (as a
+    schema's own policy could in Google Cloud); it records every (permission, resource) it is asked."""
+
+    def __init__(self, enforcer: Any, guarded: str) -> None:
+        self.enforcer = enforcer
+        self.guarded = guarded
+        self.asked: list[tuple[str, str]] = []
+
+    def authenticate(self, metadata: Any) -> None:
+        self.enforcer.authenticate(metadata)
+
+    async def check(self, metadata: Any, permission: str, resource: str) -> None:
+        self.asked.append((permission, resource))
+        if permission == "pubsub.schemas.attach" and resource == self.guarded:
+            raise ServiceError(StatusCode.PERMISSION_DENIED, DENIED)
+        await self.enforcer.check(metadata, permission, resource)
+
+    async def granted(self, metadata: Any, resource: str, permissions: Sequence[str]) -> list[str]:
+        return await self.enforcer.granted(metadata, resource, permissions)
+
+
+def test_create_topic_asks_for_schemas_attach_on_the_schema_it_names() -> None:
+    guarded = f"{PROJECT}/schemas/guarded"
+    guard = _SchemaGuard(IamEnforcer(iam_config()), guarded)
+    with LocalServer(in_memory=True, authorizer=guard) as server:
+        local = Caller(server.address)
+        try:
+            avro = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition=AVRO)
+            for schema_id in ("guarded", "open"):
+                request = schema_types.CreateSchemaRequest.pb()(
+                    parent=PROJECT, schema=avro, schema_id=schema_id
+                )
+                local.call("CreateSchema", request, ADMIN)
+            guard.asked.clear()
+            with pytest.raises(grpc.RpcError) as refused:
+                local.call("CreateTopic", _with_schema(f"{PROJECT}/topics/refused", guarded), ADMIN)
+            _expect(refused.value, grpc.StatusCode.PERMISSION_DENIED, DENIED)
+            assert guard.asked == [
+                ("pubsub.topics.create", f"{PROJECT}/topics/refused"),
+                ("pubsub.schemas.attach", guarded),
+            ]
+            missing = types.GetTopicRequest.pb()(topic=f"{PROJECT}/topics/refused")
+            assert local.code_of("GetTopic", missing, ADMIN) == grpc.StatusCode.NOT_FOUND
+            allowed = local.call(
+                "CreateTopic", _with_schema(f"{PROJECT}/topics/allowed", f"{PROJECT}/schemas/open"), ADMIN
+            )
+            assert allowed.schema_settings.schema == f"{PROJECT}/schemas/open"
+            # A topic without a schema asks for nothing on schemas.
+            guard.asked.clear()
+            local.call("CreateTopic", types.Topic.pb()(name=f"{PROJECT}/topics/plain"), ADMIN)
+            assert guard.asked == [("pubsub.topics.create", f"{PROJECT}/topics/plain")]
+        finally:
+            local.close()
 
 
 def test_test_iam_permissions_returns_the_held_subset(caller: Caller) -> None:

@@ -162,16 +162,34 @@ class Check(NamedTuple):
     field: str
     #: The field names a subscription, and the permission is checked on that subscription's topic.
     on_topic: bool = False
+    #: The field may be empty (the request names no such resource): then there is nothing to check.
+    optional: bool = False
+    #: Checked only when the request's ``update_mask`` names this field (or a field inside it).
+    when_masked: str = ""
 
 
 #: Per RPC (short method name): the permissions it needs. ``create`` and ``list`` are checked on the
-#: project of the named resource. ``getIamPolicy`` / ``setIamPolicy`` are completed with ``topics`` or
-#: ``subscriptions`` by the resource's type at call time (:func:`resource_permission`). TestIamPermissions
-#: needs no permission (any authenticated caller may ask), as in the real service.
+#: project of the named resource; ``pubsub.schemas.attach`` on the schema a topic names (which, as schemas
+#: carry no policy of their own here, only the project policy grants). ``getIamPolicy`` /
+#: ``setIamPolicy`` are completed with ``topics`` or ``subscriptions`` by the resource's type at call time
+#: (:func:`resource_permission`). TestIamPermissions needs no permission (any authenticated caller may
+#: ask), as in the real service.
 RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
-    "CreateTopic": (Check("pubsub.topics.create", "name"),),
+    # A topic that names a schema attaches it: the caller needs pubsub.schemas.attach on that schema too.
+    "CreateTopic": (
+        Check("pubsub.topics.create", "name"),
+        Check("pubsub.schemas.attach", "schema_settings.schema", optional=True),
+    ),
     "GetTopic": (Check("pubsub.topics.get", "topic"),),
-    "UpdateTopic": (Check("pubsub.topics.update", "topic.name"),),
+    "UpdateTopic": (
+        Check("pubsub.topics.update", "topic.name"),
+        Check(
+            "pubsub.schemas.attach",
+            "topic.schema_settings.schema",
+            optional=True,
+            when_masked="schema_settings",
+        ),
+    ),
     "ListTopics": (Check("pubsub.topics.list", "project"),),
     "ListTopicSubscriptions": (Check("pubsub.topics.get", "topic"),),
     "DeleteTopic": (Check("pubsub.topics.delete", "topic"),),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -78,6 +78,11 @@ def _field(request: Any, path: str) -> str:
     return value
 
 
+def _masks(paths: Iterable[str], field: str) -> bool:
+    """Whether an update mask's ``paths`` name ``field`` or a field inside it."""
+    return any(path == field or path.startswith(f"{field}.") for path in paths)
+
+
 class PubSubServicer:
     """Every implemented RPC, as coroutines taking ``(request, context)``."""
 
@@ -102,9 +107,14 @@ class PubSubServicer:
         authenticate = getattr(self.authorizer, "authenticate", None)
         if authenticate is not None:
             authenticate(metadata)
-        for permission, path, on_topic in _iam.RPC_PERMISSIONS.get(method, ()):
-            resource = _field(request, path)
-            if on_topic:
+        for check in _iam.RPC_PERMISSIONS.get(method, ()):
+            if check.when_masked and not _masks(request.update_mask.paths, check.when_masked):
+                continue
+            resource = _field(request, check.field)
+            if check.optional and not resource:
+                continue
+            permission = check.permission
+            if check.on_topic:
                 # Checked on the subscription's topic; an unknown subscription leaves the project's policy.
                 resource = self.core.topic_of_subscription(resource) or resource
             if method.endswith("IamPolicy"):
