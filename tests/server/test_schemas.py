@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import fastavro
+import grpc.aio
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.protobuf import descriptor_pb2
-from google.pubsub_v1.types import Encoding, Schema, SchemaView
+from google.pubsub_v1.types import CreateSchemaRequest, Encoding, Schema, SchemaView
 
 from hedgepub.server import LocalServer
+from hedgepub.server._limits import MAX_SCHEMAS_PER_PROJECT
 
 PROJECT = "projects/schema-project"
 
@@ -365,3 +368,52 @@ def test_schemas_survive_a_restart(tmp_path: Any, monkeypatch: pytest.MonkeyPatc
         publisher.publish(topic, GOOD_PROTO_JSON).result(timeout=30)
         stored = local.messages(topic)
         assert stored[0].attributes["googclient_schemarevisionid"] == second.revision_id
+
+
+async def _create_schemas(address: str, parent: str, count: int, definition: str) -> None:
+    """Create ``count`` Avro schemas over raw gRPC, many calls in flight (the quota test needs 10,000)."""
+    request_class = CreateSchemaRequest.pb()
+    async with grpc.aio.insecure_channel(address) as channel:
+        create = channel.unary_unary(
+            "/google.pubsub.v1.SchemaService/CreateSchema",
+            request_serializer=lambda request: request.SerializeToString(),
+            response_deserializer=Schema.pb().FromString,
+        )
+        schema = Schema.pb()(type_=Schema.Type.AVRO, definition=definition)
+        numbers = iter(range(count))
+
+        async def worker() -> None:
+            for number in numbers:
+                await create(request_class(parent=parent, schema_id=f"filler-{number:05d}", schema=schema))
+
+        await asyncio.gather(*(worker() for _ in range(32)))
+
+
+def test_a_project_holds_at_most_its_quota_of_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert MAX_SCHEMAS_PER_PROJECT == 10_000  # the real service's documented quota, created in full here
+    with LocalServer(in_memory=True) as local:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
+        asyncio.run(_create_schemas(local.address, PROJECT, MAX_SCHEMAS_PER_PROJECT, AVRO_DEFINITION))
+        client = pubsub_v1.SchemaServiceClient()
+        with pytest.raises(exceptions.ResourceExhausted) as refused:
+            _create(client, "one-too-many", Schema.Type.AVRO, AVRO_DEFINITION)
+        assert refused.value.message == (
+            f"The project {PROJECT} already has 10000 schemas, the most a project may have. "
+            "Delete a schema before creating another."
+        )
+        # The quota counts schemas, not revisions, and each project has its own.
+        full = f"{PROJECT}/schemas/filler-00000"
+        client.commit_schema(name=full, schema=Schema(type_=Schema.Type.AVRO, definition=AVRO_DEFINITION))
+        other = client.create_schema(
+            parent="projects/other-project",
+            schema=Schema(type_=Schema.Type.AVRO, definition=AVRO_DEFINITION),
+            schema_id="one-too-many",
+        )
+        assert other.name == "projects/other-project/schemas/one-too-many"
+        # Deleting a schema makes room for one more.
+        client.delete_schema(name=full)
+        assert _create(client, "one-too-many", Schema.Type.AVRO, AVRO_DEFINITION).name == (
+            f"{PROJECT}/schemas/one-too-many"
+        )
+        with pytest.raises(exceptions.ResourceExhausted):
+            _create(client, "two-too-many", Schema.Type.AVRO, AVRO_DEFINITION)

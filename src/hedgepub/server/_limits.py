@@ -58,6 +58,8 @@ DELETED_SCHEMA = "_deleted-schema_"
 #: Largest schema definition, in bytes, and most revisions one schema keeps.
 MAX_SCHEMA_DEFINITION_BYTES = 300_000
 MAX_SCHEMA_REVISIONS = 20
+#: Most schemas one project may hold (the real service's quota, "Pub/Sub quotas and limits").
+MAX_SCHEMAS_PER_PROJECT = 10_000
 
 _RESOURCE_ID = re.compile(r"[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}")
 _PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_.:]{0,127}")

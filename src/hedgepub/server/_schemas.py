@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -302,6 +302,10 @@ class SchemaRegistry:
         self._wall_clock_ns = wall_clock_ns
         #: schema name -> its revisions, oldest first.
         self._revisions: dict[str, list[Any]] = {}
+        #: project (``projects/p``) -> how many schemas it holds, for the per-project quota.
+        self._per_project: Counter[str] = Counter()
+        #: Schemas being created (their first revision is on its way to the store): they count already.
+        self._creating: set[str] = set()
         self._compiled: OrderedDict[tuple[int, bytes], Validator] = OrderedDict()
 
     # ------------------------------------------------------------ lifecycle
@@ -312,10 +316,12 @@ class SchemaRegistry:
             self._revisions.setdefault(revision.name, []).append(revision)
         for revisions in self._revisions.values():
             revisions.sort(key=lambda revision: (_stamp(revision), revision.revision_id))
+        self._per_project = Counter(_project(name) for name in self._revisions)
 
     def clear(self) -> None:
         """Forget every schema (the store is cleared by its owner)."""
         self._revisions.clear()
+        self._per_project.clear()
 
     # ------------------------------------------------------------ compiling
     async def validator(self, schema: Any) -> Validator:
@@ -377,12 +383,27 @@ class SchemaRegistry:
         limits.check_project(parent)
         name = f"{parent}/schemas/{schema_id}"
         limits.check_name(name, "schemas")
-        if name in self._revisions:
+        if name in self._revisions or name in self._creating:
             raise ServiceError(StatusCode.ALREADY_EXISTS, "Schema already exists.")
         await self.validator(schema)
-        if name in self._revisions:  # created concurrently while protoc ran
+        if name in self._revisions or name in self._creating:  # created concurrently while protoc ran
             raise ServiceError(StatusCode.ALREADY_EXISTS, "Schema already exists.")
-        return await self._add(name, schema, [])
+        self._check_quota(parent)
+        self._creating.add(name)
+        try:
+            return await self._add(name, schema, [])
+        finally:
+            self._creating.discard(name)
+
+    def _check_quota(self, project: str) -> None:
+        """RESOURCE_EXHAUSTED when ``project`` holds its quota of schemas (those being created count)."""
+        held = self._per_project[project] + sum(_project(name) == project for name in self._creating)
+        if held >= limits.MAX_SCHEMAS_PER_PROJECT:
+            raise ServiceError(
+                StatusCode.RESOURCE_EXHAUSTED,
+                f"The project {project} already has {held} schemas, the most a project may have. "
+                "Delete a schema before creating another.",
+            )
 
     async def commit(self, name: str, schema: Any) -> Any:
         """CommitSchema: a new revision of an existing schema, of the same type."""
@@ -431,6 +452,8 @@ class SchemaRegistry:
         revision.revision_create_time.seconds = seconds
         revision.revision_create_time.nanos = nanos
         await self._store.put("schemas", f"{name}@{revision.revision_id}", revision)
+        if name not in self._revisions:
+            self._per_project[_project(name)] += 1
         self._revisions.setdefault(name, []).append(revision)
         return revision
 
@@ -456,7 +479,8 @@ class SchemaRegistry:
         revisions = list(self._latest(base))
         for revision in revisions:
             await self._store.delete("schemas", f"{base}@{revision.revision_id}")
-        self._revisions.pop(base, None)
+        if self._revisions.pop(base, None) is not None:
+            self._per_project[_project(base)] -= 1
 
     # ------------------------------------------------------------ validation
     async def validate_schema(self, parent: str, schema: Any) -> None:
@@ -556,6 +580,11 @@ class SchemaRegistry:
     def __repr__(self) -> str:
         count = sum(len(revisions) for revisions in self._revisions.values())
         return f"SchemaRegistry({len(self._revisions)} schemas, {count} revisions)"
+
+
+def _project(schema_name: str) -> str:
+    """``projects/p`` of ``projects/p/schemas/s``."""
+    return schema_name.partition("/schemas/")[0]
 
 
 def _stamp(revision: Any) -> tuple[int, int]:
