@@ -247,8 +247,12 @@ class _PublisherCore:
         #: Open batches: ``(topic, ordering_key)`` for ordered ones, ``(topic, "", thread id)`` for the
         #: others (one per publishing thread). Changed under ``_lock``; read without it on the hot path.
         self._open: dict[tuple[Any, ...], Batch] = {}
-        self._events: list[Batch] = []
+        #: Batches for the loop: opened (to arm their latency timer) or sealed (to send). Appended from any
+        #: thread, emptied by :meth:`_drain` on the loop (deque appends and pops are atomic).
+        self._events: deque[Batch] = deque()
         self._wakeup_pending = False
+        #: Threads opening a batch of their own right now (see :meth:`_open_own`).
+        self._opening: set[int] = set()
         self._paused: set[tuple[str, str]] = set()
         self._keys: dict[tuple[str, str], _KeyQueue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -404,23 +408,19 @@ class _PublisherCore:
     def _append(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
         """Add the message to ``batch`` if it is open with room, and return its future (``None`` if not).
 
-        Seals the batch when it is full, and hands it to the loop. Never called holding ``_lock``: the
-        order is ``_lock``, then a batch's lock.
+        Seals the batch when it is full, and hands it to the loop, without the publisher's lock: threads
+        that share a client fill their batches in step, and taking that lock for every full batch made
+        them queue at it. Never called holding ``_lock``: the order is ``_lock``, then a batch's lock.
         """
         with batch.lock:
             if batch.state is not BatchState.OPEN or batch.byte_size + framed > self._max_bytes:
                 return None
             future = self._put(batch, data, message, size, framed)
             full = len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes
-        if full:
-            # Sealed under the publisher's lock, as every seal is, so that shutdown (which seals what is
-            # open and then drains, under that lock) never misses a batch sealed at the same moment. No
-            # other thread adds to this batch meanwhile: it is this thread's own.
-            with self._lock:
-                self._seal_locked(batch)
-                schedule = self._wakeup_needed_locked()
-            if schedule:
-                self._wake_loop()
+            if full:
+                self._seal_held(batch)
+        if full and self._wakeup_needed():
+            self._wake_loop()
         return future
 
     def _put(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
@@ -442,16 +442,14 @@ class _PublisherCore:
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
     ) -> Any:
         """:meth:`add` when a batch must be opened (or the message has an ordering key)."""
+        if not ordering_key:
+            return self._open_own(topic, data, message, size, framed)
         with self._lock:
             if self.state is not ClientState.OPEN:
                 raise RuntimeError(self.refusal)
-            key: tuple[Any, ...]
-            if ordering_key:
-                key = (topic, ordering_key)
-                if key in self._paused:
-                    return self._paused_future(ordering_key)
-            else:
-                key = (topic, "", threading.get_ident())
+            key = (topic, ordering_key)
+            if key in self._paused:
+                return self._paused_future(ordering_key)
             batch = self._open.get(key)
             if batch is not None and batch.byte_size + framed > self._max_bytes:
                 self._seal_locked(batch)
@@ -470,8 +468,43 @@ class _PublisherCore:
                 future = self._put(batch, data, message, size, framed)
             if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
                 self._seal_locked(batch)
-            schedule = self._wakeup_needed_locked()
+            schedule = bool(self._events) and self._wakeup_needed()
         if schedule:
+            self._wake_loop()
+        return future
+
+    def _open_own(self, topic: str, data: bytes, message: Any, size: int, framed: int) -> Any:
+        """:meth:`add` when this thread's own batch (no ordering key) is missing or has no room: seal it,
+        open the next and put the message in, without the publisher's lock (see :meth:`_append`).
+
+        Only this thread adds a batch under its key, and whoever takes a batch out of ``_open`` does so
+        holding that batch's lock after checking that the key still holds it, so no one takes out a
+        batch opened here by mistake. Shutdown, which seals what is open, first waits until no thread
+        is in here (``_opening``), after refusing new messages.
+        """
+        ident = threading.get_ident()
+        key = (topic, "", ident)
+        self._opening.add(ident)
+        try:
+            if self.state is not ClientState.OPEN:
+                raise RuntimeError(self.refusal)
+            old = self._open.get(key)
+            if old is not None:
+                with old.lock:
+                    self._seal_held(old)
+            batch = Batch(
+                topic, "", f"{self._id_prefix}-{next(self._batch_numbers)}", self.sync_futures, open_key=key
+            )
+            with batch.lock:
+                future = self._put(batch, data, message, size, framed)
+                if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
+                    self._seal_held(batch)  # full with one message: straight to the loop
+                else:
+                    self._open[key] = batch
+                    self._events.append(batch)  # to arm its latency timer
+        finally:
+            self._opening.discard(ident)
+        if self._wakeup_needed():
             self._wake_loop()
         return future
 
@@ -494,18 +527,32 @@ class _PublisherCore:
 
     def _seal_locked(self, batch: Batch) -> None:
         """Seal ``batch`` and hand it to the loop (holding ``_lock``), unless it is sealed already."""
-        if self._open.get(batch.open_key) is batch:
-            del self._open[batch.open_key]
         with batch.lock:
-            if batch.state is not BatchState.OPEN:
-                return
-            batch.state = BatchState.SEALED
-        self._events.append(batch)
+            self._seal_held(batch)
 
-    def _wakeup_needed_locked(self) -> bool:
-        """Holding ``_lock``: whether the caller must wake the loop for the batches waiting in
-        ``_events`` (at most one wake-up is pending at a time, however many batches wait)."""
-        if self._events and not self._wakeup_pending:
+    def _seal_held(self, batch: Batch) -> None:
+        """Holding ``batch.lock``: take it out of ``_open``, and seal it and queue it for the loop unless
+        it is sealed already.
+
+        Queued under the batch's lock: shutdown seals each open batch under its lock and then drains the
+        queue, so it finds a batch either sealed and queued already or still open (and seals it itself).
+        """
+        if self._open.get(batch.open_key) is batch:
+            self._open.pop(batch.open_key, None)
+        if batch.state is BatchState.OPEN:
+            batch.state = BatchState.SEALED
+            self._events.append(batch)
+
+    def _wakeup_needed(self) -> bool:
+        """Whether the caller, who has just queued a batch in ``_events``, must wake the loop (at most one
+        wake-up is pending at a time, however many batches wait).
+
+        Safe without a lock because the caller queues before it asks and :meth:`_drain` clears the flag
+        before it empties the queue: a batch queued while a drain runs is either taken by that drain or
+        finds the flag clear and wakes the loop again. Two callers may both wake it; that costs one
+        spare drain.
+        """
+        if not self._wakeup_pending:
             self._wakeup_pending = True
             return True
         return False
@@ -526,17 +573,17 @@ class _PublisherCore:
         with self._lock:
             for batch in list(self._open.values()):
                 self._seal_locked(batch)
-            schedule = self._wakeup_needed_locked()
+            schedule = bool(self._events) and self._wakeup_needed()
         if schedule:
             self._wake_loop()
 
     # ---- on the loop ---------------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        with self._lock:
-            events, self._events = self._events, []
-            self._wakeup_pending = False
-        for batch in events:
+        self._wakeup_pending = False  # before emptying the queue: see _wakeup_needed
+        events = self._events
+        while events:
+            batch = events.popleft()
             try:
                 if batch.state is BatchState.OPEN:
                     if batch.timer is None:
@@ -549,13 +596,12 @@ class _PublisherCore:
                 self._fail(batch, PublishError(f"internal error while dispatching a batch: {error!r}"), error)
 
     def _expire(self, batch: Batch) -> None:
-        with self._lock:
+        with self._lock, batch.lock:
             if self._open.get(batch.open_key) is batch:
-                del self._open[batch.open_key]
-            with batch.lock:
-                if batch.state is not BatchState.OPEN:
-                    return  # sealed (full) since: it is on its way to the loop already
-                batch.state = BatchState.SEALED
+                self._open.pop(batch.open_key, None)
+            if batch.state is not BatchState.OPEN:
+                return  # sealed (full) since: it is on its way to the loop already
+            batch.state = BatchState.SEALED
         batch.timer = None
         self._dispatch(batch)
 
@@ -759,7 +805,13 @@ class _PublisherCore:
         batches = [*self._open.values(), *self._events, *self._send_queue, *self._sending]
         for queue in self._keys.values():
             batches += queue.waiting
-        self._open, self._events, self._send_queue, self._sending, self._keys = {}, [], deque(), set(), {}
+        self._open, self._events, self._send_queue, self._sending, self._keys = (
+            {},
+            deque(),
+            deque(),
+            set(),
+            {},
+        )
         for batch in {id(batch): batch for batch in batches}.values():
             if batch.state is BatchState.DONE:
                 continue
@@ -798,6 +850,9 @@ class _PublisherCore:
         deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
         with self._lock:
             self.state = ClientState.CLOSING
+        while self._opening:  # threads opening a batch of their own: a few microseconds each
+            await asyncio.sleep(0)
+        with self._lock:
             for batch in list(self._open.values()):
                 self._seal_locked(batch)
         self.flow.close()

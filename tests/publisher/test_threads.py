@@ -81,6 +81,43 @@ def test_shutdown_while_threads_publish_leaves_no_future_pending() -> None:
     assert publisher.stats().messages_published == len(accepted)
 
 
+def _race_shutdown_against_threads(head_start: float) -> None:
+    transport = ScriptedTransport()
+    settings = BatchSettings(max_messages=3, max_latency=10)
+    publisher = PublisherClient(transport=transport, batch_settings=settings)
+    accepted: list[concurrent.futures.Future[str]] = []
+    start = threading.Barrier(9)
+
+    def work(index: int) -> None:
+        start.wait()
+        for number in range(3_000):
+            try:
+                accepted.append(publisher.publish(TOPIC, b"%d-%d" % (index, number)))
+            except RuntimeError:
+                return
+
+    workers = [threading.Thread(target=work, args=(index,)) for index in range(8)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    threading.Event().wait(head_start)
+    publisher.shutdown()
+    pending = [future for future in accepted if not future.done()]
+    for worker in workers:
+        worker.join()
+    assert pending == [], f"{len(pending)} of {len(accepted)} futures left pending"
+    sent = Counter(message.data for call in transport.calls for message in call.request.messages)
+    assert len(sent) == len(accepted) and set(sent.values()) <= {1}
+    assert all(future.result(timeout=0) for future in accepted)
+
+
+def test_shutdown_racing_threads_that_open_batches_all_the_time_leaves_no_future_pending() -> None:
+    # Three messages per batch: the threads open (and seal) their own batches without the publisher's
+    # lock every third message, so shutdown meets them mid-open again and again.
+    for attempt in range(10):
+        _race_shutdown_against_threads(head_start=0.001 * (attempt % 5))
+
+
 def test_ordered_messages_share_one_batch_per_key_across_threads() -> None:
     transport = ScriptedTransport()
     settings = BatchSettings(max_messages=1000, max_latency=0.05)
