@@ -9,12 +9,12 @@ The hot path is built for throughput:
 * ``publish`` validates, then adds the message straight into the raw ``PublishRequest`` of the open batch
   (no proto-plus, no copy, no task per message), under that batch's own lock;
 * threads do not wait for each other: messages without an ordering key go into an open batch of the
-  publishing thread's own (per topic), found without any shared lock, so eight threads sharing one client
-  publish as fast as one. The publisher's lock is taken once per batch (to open it and to hand it to the
-  loop), not once per message. Messages with an ordering key share one batch per key whatever the thread,
-  so that a message published after another (in any thread) is never sent before it;
-* batches sealed or opened by another thread are handed to the loop through one queue, with at most one
-  ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
+  publishing thread's own (per topic), found, filled, sealed and replaced without the publisher's lock
+  (each batch has its own), so eight threads sharing one client publish as fast as one. Messages with an
+  ordering key share one batch per key whatever the thread, opened under the publisher's lock, so that a
+  message published after another (in any thread) is never sent before it;
+* batches sealed or opened by another thread are handed to the loop through one queue (a deque), with at
+  most one ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
 * a batch's futures are resolved together (see :mod:`hedgepub._futures`).
 
 Each sealed batch becomes one task that runs the Publish RPC through the hedging engine
