@@ -53,9 +53,10 @@ def local_server() -> Iterator[str]:
 
     gRPC alone on the port: the REST front's relay process would take CPU from the client being
     measured on a small machine, and REST plays no part here. The command-line server rather than a
-    ``LocalServer`` in a child process: the latter, whose event loop runs on a second thread, measured
-    20-25% fewer messages/s for the same client on 2026-12-01, which makes the server, not the client,
-    the bottleneck.
+    ``LocalServer`` in a child process: a ``LocalServer`` keeps what is published to a topic without
+    subscriptions (``keep_unsubscribed=True``, so that tests can read it back), which measured 20-25%
+    fewer messages/s for the same client on 2026-12-01 and made the server, not the client, the
+    bottleneck; the command-line server drops such messages, as the real service does.
     """
     from server_ingest import ServerProcess
 
