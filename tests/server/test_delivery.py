@@ -295,6 +295,40 @@ def test_a_failed_dead_letter_forwarding_keeps_the_message_and_logs(caplog: pyte
     assert "dead-letter topic projects/p/topics/dead-letters failed" in caplog.text
 
 
+def test_ended_deliveries_are_counted_in_the_store_and_read_back_by_a_new_core() -> None:
+    """Nacks and passed deadlines are recorded (one write per loop step); a core loaded on the same store,
+    as after a restart, delivers with the count it left off at, and dead-letters at the limit."""
+
+    async def scenario() -> None:
+        store = MemoryStore()
+        core = await make_dead_letter_core(store)
+        await publish(core, b"poison", b"fine")
+        first, other = await core.pull(SUBSCRIPTION, 2, 0)
+        assert (first.delivery_attempt, other.delivery_attempt) == (1, 1)
+        core.modify_ack_deadline(SUBSCRIPTION, [first.ack_id], 0)
+        await core.acknowledge(SUBSCRIPTION, [other.ack_id])
+        await core.attempts_recorded()
+        assert store.attempts(SUBSCRIPTION, 0, 10) == {1: 1}
+        (second,) = await core.pull(SUBSCRIPTION, 1, 0)
+        assert second.delivery_attempt == 2
+        await asyncio.sleep(10.5)  # its 10 s deadline passes
+        await core.attempts_recorded()
+        assert store.attempts(SUBSCRIPTION, 0, 10) == {1: 2}
+        await core.close()
+
+        core = PubSubCore(store)  # the store outlives the core: what a restart does to SQLite
+        core.load()
+        for attempt in (3, 4, 5):
+            (lease,) = await core.pull(SUBSCRIPTION, 1, 0)
+            assert lease.message.data == b"poison" and lease.delivery_attempt == attempt
+            core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 0)
+        (forwarded,) = await core.pull(DEAD_LETTER_SUBSCRIPTION, 1, 5.0)
+        assert forwarded.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+        assert store.pending(SUBSCRIPTION, 0, 10) == []
+
+    run_virtual(scenario())
+
+
 def test_the_dead_letter_copy_is_stored_before_the_source_ack(caplog: pytest.LogCaptureFixture) -> None:
     """A failure between the two writes can only duplicate the message, never lose it."""
 

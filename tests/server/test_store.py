@@ -175,6 +175,26 @@ async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple
     assert snapshot.next_sequence == 3
 
 
+async def test_delivery_attempts_are_kept_on_references(stores: tuple[Store, Reopen]) -> None:
+    store, reopen = stores
+    await subscribe(store, *SUBSCRIPTIONS)
+    await store.append(TOPIC, [message(i, b"m") for i in range(1, 6)], SUBSCRIPTIONS)
+    await store.record_attempts(SUBSCRIPTIONS[0], [(2, 1), (4, 3), (99, 7)])  # 99: never referenced
+    await store.record_attempts(SUBSCRIPTIONS[0], [(2, 2)])  # a later count replaces the earlier one
+    store = await reopen()
+    assert store.attempts(SUBSCRIPTIONS[0], 0, 5) == {2: 2, 4: 3}
+    assert store.attempts(SUBSCRIPTIONS[0], 2, 3) == {}  # (after, through]
+    assert store.attempts(SUBSCRIPTIONS[0], 1, 2) == {2: 2}
+    assert store.attempts(SUBSCRIPTIONS[1], 0, 5) == {}  # per subscription
+    await store.ack(SUBSCRIPTIONS[0], [4])
+    await store.record_attempts(SUBSCRIPTIONS[0], [(4, 4)])  # acknowledged meanwhile: skipped
+    store = await reopen()
+    assert store.attempts(SUBSCRIPTIONS[0], 0, 5) == {2: 2}
+    await store.delete("subscriptions", SUBSCRIPTIONS[0])
+    await subscribe(store, SUBSCRIPTIONS[0])  # the same name again: a new subscription, nothing counted
+    assert store.attempts(SUBSCRIPTIONS[0], 0, 5) == {}
+
+
 async def test_concurrent_writes_all_commit(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])
@@ -258,12 +278,42 @@ async def test_sqlite_opens_a_file_that_found_references_through_an_index(tmp_pa
         old.execute(
             "INSERT INTO messages VALUES (1, ?, ?)", (TOPIC, message(1, b"both")[1].SerializeToString())
         )
-        old.execute("INSERT INTO refs SELECT id, 1 FROM subscription_ids")
+        old.execute("INSERT INTO refs (subscription, sequence) SELECT id, 1 FROM subscription_ids")
     store = SqliteStore(path)
     try:
         await store.ack(SUBSCRIPTIONS[0], [1])
         assert [m.data for _, m in store.messages(TOPIC)] == [b"both"]  # the second still needs it
         await store.ack(SUBSCRIPTIONS[1], [1])
         assert store.messages(TOPIC) == []
+    finally:
+        await store.close()
+
+
+async def test_sqlite_opens_a_file_without_delivery_attempts(tmp_path: Path) -> None:
+    """The layout before ``refs.attempts``: its references open as counting no attempt, and count on."""
+    path = tmp_path / "uncounted.sqlite3"
+    store = SqliteStore(path)
+    await subscribe(store, SUBSCRIPTIONS[0])
+    await store.append(TOPIC, [message(1, b"one"), message(2, b"two")], SUBSCRIPTIONS[:1])
+    await store.close()
+    with sqlite3.connect(path) as old:
+        old.executescript(
+            "CREATE TABLE old_refs (subscription INTEGER NOT NULL, sequence INTEGER NOT NULL, "
+            "PRIMARY KEY (subscription, sequence)) WITHOUT ROWID;"
+            "INSERT INTO old_refs SELECT subscription, sequence FROM refs;"
+            "DROP TABLE refs; ALTER TABLE old_refs RENAME TO refs;"
+        )
+    store = SqliteStore(path)
+    try:
+        assert backlog(store, SUBSCRIPTIONS[0]) == [1, 2]
+        assert store.attempts(SUBSCRIPTIONS[0], 0, 2) == {}
+        await store.record_attempts(SUBSCRIPTIONS[0], [(2, 3)])
+        await store.append(TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
+    finally:
+        await store.close()
+    store = SqliteStore(path)
+    try:
+        assert store.attempts(SUBSCRIPTIONS[0], 0, 3) == {2: 3}
+        assert backlog(store, SUBSCRIPTIONS[0]) == [1, 2, 3]
     finally:
         await store.close()

@@ -81,7 +81,10 @@ class PubSubCore:
         self._attached: dict[str, dict[str, SubscriptionState]] = {}
         self._policies: dict[str, Any] = {}
         self._next_sequence = 1
-        self._leasing = Leasing(clock, self._dead_letter, self._discard)
+        self._leasing = Leasing(clock, self._dead_letter, self._discard, self._attempted)
+        #: Delivery attempts to record, per subscription (sequence -> count), and the writes under way.
+        self._attempts_due: dict[str, dict[int, int]] = {}
+        self._attempts_writes: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[Any]] = set()
         self._expiration = ExpirationWatch(clock, self._expire_subscription)
         #: Snapshots, Seek and retention.
@@ -133,7 +136,9 @@ class PubSubCore:
 
     def _new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
-        state = SubscriptionState(config, self._leasing, self._store.pending, self._window)
+        state = SubscriptionState(
+            config, self._leasing, self._store.pending, self._window, self._store.attempts
+        )
         state.more = False
         return state
 
@@ -149,6 +154,7 @@ class PubSubCore:
             await asyncio.gather(*self._background, return_exceptions=True)
         for state in self._subscriptions.values():
             state.close()
+        await self.attempts_recorded()
         await self._store.close()
 
     async def clear(self) -> None:
@@ -461,6 +467,33 @@ class PubSubCore:
         # publish-time acknowledgement happen): acknowledged now, in the background.
         self._spawn(self._store.ack(state.name, sequences))
 
+    def _attempted(self, state: SubscriptionState, pending: Pending) -> None:
+        """A delivery under a dead-letter policy ended unacknowledged: record its count in the store.
+
+        Collected and written by one task per loop step, so a lease timer or a modack that ends many
+        leases at once costs one store write per subscription (and the store groups those in a commit).
+        """
+        due = self._attempts_due
+        if not due:
+            task = asyncio.ensure_future(self._write_attempts())
+            self._attempts_writes.add(task)
+            task.add_done_callback(self._attempts_writes.discard)
+        due.setdefault(state.name, {})[pending.sequence] = pending.attempts
+
+    async def _write_attempts(self) -> None:
+        due, self._attempts_due = self._attempts_due, {}
+        for name, counts in due.items():
+            try:
+                await self._store.record_attempts(name, sorted(counts.items()))
+            except Exception:  # best effort, as the service counts: the messages themselves are safe
+                logger.exception("Recording delivery attempts of %s failed.", name)
+
+    async def attempts_recorded(self) -> None:
+        """Wait until the delivery attempts of every nack so far are in the store (ModifyAckDeadline
+        answers only then, so a nack it acknowledged is counted after a crash)."""
+        if self._attempts_writes:
+            await asyncio.wait(list(self._attempts_writes))
+
     def _dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
         self._spawn(self._forward_dead_letter(state, pending, topic))
 
@@ -575,12 +608,17 @@ class PubSubCore:
         """load(): leases of an exactly-once subscription recorded before a restart hold again."""
         now_ns = self.wall_clock_ns()
         stale = []
+        counted = state.config.HasField("dead_letter_policy")
         for sequence, ack_id, deadline_ns in self._store.leases(state.name):
             page = self._store.pending(state.name, sequence - 1, 1)
             if deadline_ns <= now_ns or not page or page[0][0] != sequence:
                 stale.append(sequence)
             else:
-                state.restore_lease(sequence, page[0][1], ack_id, (deadline_ns - now_ns) / 1e9)
+                # The restored lease is one more delivery than those that ended unacknowledged.
+                ended = self._store.attempts(state.name, sequence - 1, sequence) if counted else {}
+                state.restore_lease(
+                    sequence, page[0][1], ack_id, (deadline_ns - now_ns) / 1e9, ended.get(sequence, 0) + 1
+                )
         if stale:
             self._spawn(self._store.drop_leases(state.name, stale))
 

@@ -20,7 +20,9 @@ backlog from the store only through the page source it is given.
   :func:`retry_delay` before it is ready again ("backing off"); without one it is ready at once.
 - With a dead-letter policy, ``delivery_attempt`` is counted. When a message that has been delivered
   ``max_delivery_attempts`` times is nacked or its deadline passes, it is handed to the dead-letter hook
-  (the core forwards it in the background) and is neither ready nor leased until that finishes.
+  (the core forwards it in the background) and is neither ready nor leased until that finishes. Every
+  delivery that ends unacknowledged goes to the attempts hook, which the core records in the store, and a
+  page read from the store takes its messages' recorded counts back: the count survives a restart.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import heapq
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from google.pubsub_v1.types import pubsub as pubsub_types
@@ -141,15 +143,27 @@ DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
 DiscardHook = Callable[["SubscriptionState", list[int]], None]
 #: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
 PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
+#: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
+#: deadline), with the message's count of deliveries so far.
+AttemptsHook = Callable[["SubscriptionState", Pending], None]
+#: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
+AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
 
 
 class Leasing:
     """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
 
-    def __init__(self, clock: Clock, dead_letter: DeadLetterHook, discard: DiscardHook) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        dead_letter: DeadLetterHook,
+        discard: DiscardHook,
+        attempted: AttemptsHook | None = None,
+    ) -> None:
         self.clock = clock
         self.dead_letter = dead_letter
         self.discard = discard
+        self.attempted = attempted
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
@@ -235,13 +249,19 @@ class SubscriptionState:
     """
 
     def __init__(
-        self, config: Any, leasing: Leasing, pages: PageSource | None = None, window: int = DEFAULT_WINDOW
+        self,
+        config: Any,
+        leasing: Leasing,
+        pages: PageSource | None = None,
+        window: int = DEFAULT_WINDOW,
+        attempts: AttemptsSource | None = None,
     ) -> None:
         self.config = config
         #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
         self.matches = compile_filter(config.filter)
         self._leasing = leasing
         self._pages = pages
+        self._attempts = attempts
         self.window = window
         self.ready: deque[Pending] = deque()
         self.leases: dict[str, Lease] = {}
@@ -359,6 +379,11 @@ class SubscriptionState:
         if not self.more or room <= 0 or self._pages is None:
             return False
         page = self._pages(self.name, self.cursor, room)
+        # Counts recorded before a restart (or before a Seek dropped what memory held), on a subscription
+        # that counts: one more read per page, over the references the page just came from.
+        counts: Mapping[int, int] = {}
+        if page and self._attempts is not None and self.config.HasField("dead_letter_policy"):
+            counts = self._attempts(self.name, self.cursor, page[-1][0])
         refused: list[int] = []
         filtered = bool(self.config.filter)
         restored = self.restored
@@ -370,7 +395,10 @@ class SubscriptionState:
             if filtered and not self.matches(message.attributes):
                 refused.append(sequence)
             else:
-                self._place(Pending(sequence, message))
+                pending = Pending(sequence, message)
+                if counts:
+                    pending.attempts = counts.get(sequence, 0)
+                self._place(pending)
         if refused:
             self._leasing.discard(self, refused)
         self.more = len(page) >= room
@@ -456,12 +484,15 @@ class SubscriptionState:
             leasing.schedule(deadline)
         return out, expired
 
-    def restore_lease(self, sequence: int, message: Any, ack_id: str, remaining: float) -> None:
+    def restore_lease(
+        self, sequence: int, message: Any, ack_id: str, remaining: float, attempts: int = 1
+    ) -> None:
         """Exactly-once, after a restart: a lease granted before it, still valid for ``remaining`` seconds,
-        holds again under the same ack ID (so it can be acknowledged, and is not delivered meanwhile)."""
+        holds again under the same ack ID (so it can be acknowledged, and is not delivered meanwhile).
+        ``attempts``: the deliveries of the message so far, this lease's included."""
         leasing = self._leasing
         pending = Pending(sequence, message)
-        pending.attempts = 1
+        pending.attempts = attempts
         consumer = Consumer(remaining)
         consumer.closed = True  # nobody is receiving through it; it only carries the flow counters
         consumer.outstanding_messages = 1
@@ -501,6 +532,8 @@ class SubscriptionState:
         self._release_flow(lease)
         pending = lease.pending
         policy = self.dead_letter_policy
+        if policy is not None and self._leasing.attempted is not None:
+            self._leasing.attempted(self, pending)
         if policy is not None and pending.attempts >= policy.max_delivery_attempts:
             self.forwarding.add(pending)
             self._leasing.dead_letter(self, pending, policy.dead_letter_topic)

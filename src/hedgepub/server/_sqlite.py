@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS subscription_ids (id INTEGER PRIMARY KEY, name TEXT N
 CREATE TABLE IF NOT EXISTS refs (
     subscription INTEGER NOT NULL,
     sequence INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (sequence INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
@@ -88,7 +89,8 @@ class SqliteStore:
     """A :class:`~hedgepub.server._store.Store` in one SQLite file (WAL), with group commit.
 
     A message is one row of ``messages`` (its serialized ``PubsubMessage``); each subscription that has not
-    acknowledged it holds a row of ``refs`` (subscription id, sequence). The last reference to go takes the
+    acknowledged it holds a row of ``refs`` (subscription id, sequence, and the deliveries that ended
+    unacknowledged, counted under a dead-letter policy). The last reference to go takes the
     message row with it. New files use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they
     are a quarter of the file the writer hands them back in small steps.
     """
@@ -145,8 +147,13 @@ class SqliteStore:
 
         The first layout kept a ``pending`` row per (subscription name, sequence) and every message for
         good; the next one found a message's references through an index on ``refs (sequence)`` instead
-        of ``counts``.
+        of ``counts``; the one after that had no ``attempts`` column in ``refs`` (its messages start
+        from no recorded attempt, as they did at every restart then).
         """
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(refs)")}
+        if "attempts" not in columns:
+            # A schema change only: existing rows read the default without being rewritten.
+            connection.execute("ALTER TABLE refs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")
         tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
         if "refs_by_sequence" in tables:
             connection.execute("BEGIN IMMEDIATE")
@@ -471,6 +478,33 @@ class SqliteStore:
             (identifier,),
         ).fetchall()
         return [(sequence, ack_id, deadline) for sequence, ack_id, deadline in rows]
+
+    async def record_attempts(self, subscription: str, attempts: Sequence[tuple[int, int]]) -> None:
+        """Write delivery attempts onto the subscription's references (the rows acknowledging deletes), so
+        a count costs no row of its own and goes with its message; references already gone are skipped."""
+        identifier = self._ids.get(subscription)
+        if identifier is None or not attempts:
+            return
+        rows = [(count, identifier, sequence) for sequence, count in attempts]
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "UPDATE refs SET attempts = ? WHERE subscription = ? AND sequence = ?", rows
+            )
+
+        await self._write(operation)
+
+    def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
+        """The delivery attempts recorded in ``(after, through]`` (what has been committed)."""
+        identifier = self._ids.get(subscription)
+        if identifier is None:
+            return {}
+        rows = self._reader.execute(
+            "SELECT sequence, attempts FROM refs WHERE subscription = ? AND sequence > ? AND sequence <= ? "
+            "AND attempts > 0",
+            (identifier, after, through),
+        ).fetchall()
+        return dict(rows)
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search on ``messages`` by sequence, reading the publish time of each probe."""

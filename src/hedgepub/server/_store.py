@@ -3,12 +3,14 @@
 The core keeps the live delivery state (a bounded window of ready messages, leases, ack IDs, ordering
 queues) in memory and writes through to a store what must survive a restart: topics, subscriptions, IAM
 policies, every published message (once) and, per subscription, a reference to each message it has not
-acknowledged yet. Messages are numbered by a store-wide sequence; a message's ID is its sequence number in
-decimal. A message is deleted when the last reference to it goes (acknowledged, dropped with a detached or
-deleted subscription), unless a retention rule keeps it: today the only rule is ``keep_unsubscribed``,
-which keeps what is published while a topic has no subscription so that ``LocalServer.messages`` can show
-it. (Retained acknowledged messages, topic retention and snapshots are further rules of the same kind: a
-reference, or a timestamp, that keeps the one stored copy alive; never a second copy.)
+acknowledged yet (which, under a dead-letter policy, also counts the message's unacknowledged deliveries,
+so that ``delivery_attempt`` goes on where it was after a restart). Messages are numbered by a store-wide
+sequence; a message's ID is its sequence number in decimal. A message is deleted when the last reference
+to it goes (acknowledged, dropped with a detached or deleted subscription), unless a retention rule keeps
+it: today the only rule is ``keep_unsubscribed``, which keeps what is published while a topic has no
+subscription so that ``LocalServer.messages`` can show it. (Retained acknowledged messages, topic
+retention and snapshots are further rules of the same kind: a reference, or a timestamp, that keeps the
+one stored copy alive; never a second copy.)
 
 The core reads a subscription's backlog in pages (:meth:`Store.pending`), so nothing holds a whole
 backlog in memory but the in-memory store itself.
@@ -147,6 +149,15 @@ class Store(Protocol):
     def leases(self, subscription: str) -> list[tuple[int, str, int]]:
         """The recorded leases of a subscription (sequence, ack ID, deadline ns), by sequence."""
 
+    # Dead-letter policies: delivery attempts that must outlive a restart, kept on the references.
+    async def record_attempts(self, subscription: str, attempts: Sequence[tuple[int, int]]) -> None:
+        """Record, per message (sequence, count), how many of its deliveries ended unacknowledged (nack
+        or deadline); a later count replaces an earlier one. Messages no longer referenced are skipped."""
+
+    def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
+        """The counts recorded for the messages ``subscription`` references in ``(after, through]``
+        (only those with a count)."""
+
     async def clear(self) -> None:
         """Delete everything."""
 
@@ -159,13 +170,15 @@ class _References:
 
     Sequences are only ever added in increasing order, so ``order`` stays sorted; acknowledged ones are
     dropped from ``live`` at once and from ``order`` in a compaction once they are half of it.
+    ``attempts`` holds the recorded delivery attempts of the live sequences that have any.
     """
 
-    __slots__ = ("live", "order")
+    __slots__ = ("attempts", "live", "order")
 
     def __init__(self) -> None:
         self.live: set[int] = set()
         self.order: list[int] = []
+        self.attempts: dict[int, int] = {}
 
     def add(self, sequences: Iterable[int]) -> None:
         live = self.live
@@ -193,10 +206,19 @@ class _References:
             self.live.remove(sequence)
         except KeyError:
             return False
+        if self.attempts:
+            self.attempts.pop(sequence, None)
         if len(self.order) > 2 * len(self.live) + 1024:
             live = self.live
             self.order = [kept for kept in self.order if kept in live]
         return True
+
+    def between(self, low: int, high: int) -> list[int]:
+        """The live sequences in ``[low, high)``, in order."""
+        order, live = self.order, self.live
+        start = bisect.bisect_left(order, low)
+        end = bisect.bisect_left(order, high)
+        return [sequence for sequence in order[start:end] if sequence in live]
 
     def after(self, sequence: int, limit: int) -> list[int]:
         order, live = self.order, self.live
@@ -324,10 +346,7 @@ class MemoryStore:
         references = self._references.get(holder)
         if references is None:
             return []
-        order, live = references.order, references.live
-        start = bisect.bisect_left(order, low)
-        end = len(order) if high is None else bisect.bisect_left(order, high)
-        return [sequence for sequence in order[start:end] if sequence in live]
+        return references.between(low, high if high is not None else 2**62)
 
     async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
         """Record leases."""
@@ -345,6 +364,30 @@ class MemoryStore:
     def leases(self, subscription: str) -> list[tuple[int, str, int]]:
         """The recorded leases."""
         return sorted(self._leases.get(subscription, {}).values())
+
+    async def record_attempts(self, subscription: str, attempts: Sequence[tuple[int, int]]) -> None:
+        """Keep the counts on the subscription's live references."""
+        references = self._references.get(subscription)
+        if references is None:
+            return
+        live, recorded = references.live, references.attempts
+        for sequence, count in attempts:
+            if sequence in live:
+                recorded[sequence] = count
+
+    def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
+        """The recorded counts in ``(after, through]``."""
+        references = self._references.get(subscription)
+        if references is None or not references.attempts:
+            return {}
+        recorded = references.attempts
+        if len(recorded) <= through - after:
+            return {sequence: count for sequence, count in recorded.items() if after < sequence <= through}
+        return {
+            sequence: recorded[sequence]
+            for sequence in references.between(after + 1, through + 1)
+            if sequence in recorded
+        }
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search over the stored messages, which are in publish order."""
