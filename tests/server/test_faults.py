@@ -25,15 +25,13 @@ from google.iam.v1 import iam_policy_pb2
 
 from hedgepub import StatusCode
 from hedgepub.server._faults import (
-    METHODS,
-    WILDCARD,
     FaultInjector,
     FaultRule,
     LatencyBucket,
     LatencyMix,
     StallWindows,
-    resolve_method,
 )
+from hedgepub.server._methods import METHODS, WILDCARD, resolve_method
 
 # -- the rule language ---------------------------------------------------------------------------------
 

@@ -66,10 +66,9 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._front import REST_CLIENT_METADATA, client_peer
+from hedgepub.server._methods import SHORT_NAMES, STREAMING, WILDCARD, resolve_method, short_name
 
 __all__ = [
-    "METHODS",
-    "WILDCARD",
     "FaultCounts",
     "FaultInjector",
     "FaultRule",
@@ -77,70 +76,11 @@ __all__ = [
     "LatencyMix",
     "MethodFaultCounts",
     "StallWindows",
-    "resolve_method",
 ]
 
 _log = logging.getLogger(__name__)
 #: Every request is logged here at debug level (``hedgepub -vv serve``); off, it costs one level check.
 _request_log = logging.getLogger("hedgepub.server.requests")
-
-# The RPC methods of the three services the server speaks, as in their .proto files. A test checks this
-# table against the descriptors shipped with google-cloud-pubsub and grpc-google-iam-v1.
-_SERVICES: Mapping[str, tuple[str, ...]] = {
-    "google.pubsub.v1.Publisher": (
-        "CreateTopic",
-        "UpdateTopic",
-        "Publish",
-        "GetTopic",
-        "ListTopics",
-        "ListTopicSubscriptions",
-        "ListTopicSnapshots",
-        "DeleteTopic",
-        "DetachSubscription",
-    ),
-    "google.pubsub.v1.Subscriber": (
-        "CreateSubscription",
-        "GetSubscription",
-        "UpdateSubscription",
-        "ListSubscriptions",
-        "DeleteSubscription",
-        "ModifyAckDeadline",
-        "Acknowledge",
-        "Pull",
-        "StreamingPull",
-        "ModifyPushConfig",
-        "GetSnapshot",
-        "ListSnapshots",
-        "CreateSnapshot",
-        "UpdateSnapshot",
-        "DeleteSnapshot",
-        "Seek",
-    ),
-    "google.iam.v1.IAMPolicy": ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions"),
-    "google.pubsub.v1.SchemaService": (
-        "CreateSchema",
-        "GetSchema",
-        "ListSchemas",
-        "ListSchemaRevisions",
-        "CommitSchema",
-        "RollbackSchema",
-        "DeleteSchemaRevision",
-        "DeleteSchema",
-        "ValidateSchema",
-        "ValidateMessage",
-    ),
-}
-
-#: Short method name -> full gRPC path, for every method a rule can target.
-METHODS: Mapping[str, str] = MappingProxyType(
-    {method: f"/{service}/{method}" for service, methods in _SERVICES.items() for method in methods}
-)
-_SHORT_NAMES: Mapping[str, str] = {path: short for short, path in METHODS.items()}
-# Only StreamingPull streams (in both directions); every other method is unary-unary.
-_STREAMING = frozenset({"StreamingPull"})
-
-#: The method name of a rule that applies to every method that has no rule of its own.
-WILDCARD = "*"
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _DURATION_RE = re.compile(rf"^{_NUMBER}\s*(us|µs|ms|s)$")
@@ -148,31 +88,6 @@ _PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
 _UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 # Sums of percentages such as 33.3% * 3 must not fail on float rounding.
 _TOLERANCE = 1e-9
-
-
-def resolve_method(name: str) -> str:
-    """Return the full gRPC path of a method given by short name or full path (``"*"`` stays ``"*"``).
-
-    Raises ``ValueError`` listing the valid names when ``name`` is none of them.
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"method must be a str; got {type(name).__name__} {name!r}")
-    stripped = name.strip()
-    if stripped == WILDCARD:
-        return WILDCARD
-    if stripped in METHODS:
-        return METHODS[stripped]
-    if stripped in _SHORT_NAMES:
-        return stripped
-    raise ValueError(
-        f"unknown RPC method {name!r}; valid methods are {WILDCARD!r} (all), "
-        + ", ".join(METHODS)
-        + " (or their full paths, such as '/google.pubsub.v1.Publisher/Publish')"
-    )
-
-
-def _short_name(path: str) -> str:
-    return _SHORT_NAMES.get(path, path)
 
 
 def _parse_duration(text: str) -> float:
@@ -689,7 +604,7 @@ class FaultCounts(Mapping[str, MethodFaultCounts]):
         path = resolve_method(method)
         if path == WILDCARD:
             raise KeyError("counts are kept per method; '*' is not a method")
-        return self._by_method.get(_short_name(path), MethodFaultCounts())
+        return self._by_method.get(short_name(path), MethodFaultCounts())
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_method)
@@ -805,7 +720,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             else:
                 rules[path] = rule
             self._rules = rules
-        _log.info("fault rule for %s: %s", _short_name(path), rule if rule is not None else "none")
+        _log.info("fault rule for %s: %s", short_name(path), rule if rule is not None else "none")
 
     def get(self, method: str) -> FaultRule | None:
         """The rule set for ``method`` itself (not the ``"*"`` rule it may fall back to), or ``None``."""
@@ -836,7 +751,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
     @property
     def rules(self) -> Mapping[str, FaultRule]:
         """The rules in force, by short method name (``"*"`` for the catch-all)."""
-        return MappingProxyType({_short_name(path): rule for path, rule in self._rules.items()})
+        return MappingProxyType({short_name(path): rule for path, rule in self._rules.items()})
 
     @property
     def counts(self) -> FaultCounts:
@@ -884,17 +799,17 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         path = handler_call_details.method
         rules = self._rules
         rule = rules.get(path) if rules else None
-        if rule is None and rules and path in _SHORT_NAMES:
+        if rule is None and rules and path in SHORT_NAMES:
             rule = rules.get(WILDCARD)
         log_requests = _request_log.isEnabledFor(logging.DEBUG)
         if rule is None and not log_requests:
             return handler
         if handler is None:
-            if rule is None or path not in _SHORT_NAMES:
+            if rule is None or path not in SHORT_NAMES:
                 return handler
             # The server does not implement this method; the fault still applies, then UNIMPLEMENTED.
-            handler = _unimplemented_handler(_short_name(path))
-        return self._wrap(handler, _short_name(path), rule, log_requests)
+            handler = _unimplemented_handler(short_name(path))
+        return self._wrap(handler, short_name(path), rule, log_requests)
 
     def _wrap(
         self, handler: grpc.RpcMethodHandler, name: str, rule: FaultRule | None, log_requests: bool
@@ -1026,7 +941,7 @@ def _unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
     async def unimplemented(request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
 
-    if name in _STREAMING:
+    if name in STREAMING:
 
         async def unimplemented_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
