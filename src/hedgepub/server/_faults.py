@@ -66,7 +66,8 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._front import REST_CLIENT_METADATA, client_peer
-from hedgepub.server._methods import SHORT_NAMES, STREAMING, WILDCARD, resolve_method, short_name
+from hedgepub.server._handlers import as_async_iterator, behavior_of, rebuilt, unimplemented_handler
+from hedgepub.server._methods import SHORT_NAMES, WILDCARD, resolve_method, short_name
 
 __all__ = [
     "FaultCounts",
@@ -656,21 +657,6 @@ class _MutableCounts:
         )
 
 
-# The gRPC handler constructors by (request_streaming, response_streaming).
-_HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
-def _behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
-    if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary
-
-
 class FaultInjector(grpc.aio.ServerInterceptor):
     """A server's fault rules, applied to its calls as its one gRPC interceptor.
 
@@ -808,13 +794,13 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             if rule is None or path not in SHORT_NAMES:
                 return handler
             # The server does not implement this method; the fault still applies, then UNIMPLEMENTED.
-            handler = _unimplemented_handler(short_name(path))
+            handler = unimplemented_handler(short_name(path))
         return self._wrap(handler, short_name(path), rule, log_requests)
 
     def _wrap(
         self, handler: grpc.RpcMethodHandler, name: str, rule: FaultRule | None, log_requests: bool
     ) -> grpc.RpcMethodHandler:
-        behavior = _behavior_of(handler)
+        behavior = behavior_of(handler)
         inject = self._inject
 
         async def before(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -839,7 +825,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     started = self._clock.now()
                     try:
                         await before(request, context)
-                        async for response in _as_async_iterator(behavior(request, context)):
+                        async for response in as_async_iterator(behavior(request, context)):
                             yield response
                     finally:
                         if log_requests:
@@ -859,12 +845,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     if log_requests:
                         _log_request(name, context, self._clock.now() - started)
 
-        factory = _HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
-        return factory(
-            wrapped,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rebuilt(handler, wrapped)
 
     async def _inject(self, name: str, rule: FaultRule, context: grpc.aio.ServicerContext) -> None:
         with self._lock:
@@ -922,32 +903,6 @@ def _stall_fraction(seed: int | None) -> float:
     depend on the order rules were set in.
     """
     return random.Random(None if seed is None else f"hedgepub-stall-{seed}").random()
-
-
-async def _as_async_iterator(responses: Any) -> AsyncIterator[Any]:
-    if inspect.isawaitable(responses):
-        responses = await responses
-    if responses is None:
-        return
-    if hasattr(responses, "__aiter__"):
-        async for response in responses:
-            yield response
-    else:
-        for response in responses:
-            yield response
-
-
-def _unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
-    async def unimplemented(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
-
-    if name in STREAMING:
-
-        async def unimplemented_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
-
-        return grpc.stream_stream_rpc_method_handler(unimplemented_stream)
-    return grpc.unary_unary_rpc_method_handler(unimplemented)
 
 
 def _log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
