@@ -65,9 +65,9 @@ import grpc.aio
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
-from hedgepub.server._front import REST_CLIENT_METADATA, client_peer
 from hedgepub.server._handlers import as_async_iterator, behavior_of, rebuilt, unimplemented_handler
 from hedgepub.server._methods import SHORT_NAMES, WILDCARD, resolve_method, short_name
+from hedgepub.server._request_log import REQUEST_LOG, log_request
 
 __all__ = [
     "FaultCounts",
@@ -80,8 +80,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-#: Every request is logged here at debug level (``hedgepub -vv serve``); off, it costs one level check.
-_request_log = logging.getLogger("hedgepub.server.requests")
 
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
 _DURATION_RE = re.compile(rf"^{_NUMBER}\s*(us|µs|ms|s)$")
@@ -787,7 +785,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         rule = rules.get(path) if rules else None
         if rule is None and rules and path in SHORT_NAMES:
             rule = rules.get(WILDCARD)
-        log_requests = _request_log.isEnabledFor(logging.DEBUG)
+        log_requests = REQUEST_LOG.isEnabledFor(logging.DEBUG)
         if rule is None and not log_requests:
             return handler
         if handler is None:
@@ -817,7 +815,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                         await behavior(request, context)
                     finally:
                         if log_requests:
-                            _log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started)
 
             else:
 
@@ -829,7 +827,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                             yield response
                     finally:
                         if log_requests:
-                            _log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started)
 
         else:
 
@@ -843,7 +841,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     return result
                 finally:
                     if log_requests:
-                        _log_request(name, context, self._clock.now() - started)
+                        log_request(name, context, self._clock.now() - started)
 
         return rebuilt(handler, wrapped)
 
@@ -903,20 +901,6 @@ def _stall_fraction(seed: int | None) -> float:
     depend on the order rules were set in.
     """
     return random.Random(None if seed is None else f"hedgepub-stall-{seed}").random()
-
-
-def _log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
-    code = context.code()
-    status = "OK" if code is None else getattr(code, "name", str(code))
-    _request_log.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, _peer(context))
-
-
-def _peer(context: grpc.aio.ServicerContext) -> str:
-    """Who made the call: a REST call's HTTP client, a relayed gRPC call's client, or the peer itself."""
-    for key, value in context.invocation_metadata() or ():
-        if key == REST_CLIENT_METADATA:
-            return f"{value} over REST"
-    return client_peer(context.peer())
 
 
 def _parse_fault_spec(spec: str) -> tuple[str, FaultRule]:
