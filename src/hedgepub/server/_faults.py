@@ -55,8 +55,8 @@ import os
 import random
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -65,17 +65,16 @@ import grpc.aio
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
+from hedgepub.server._fault_counts import FaultCounts, MutableCounts
 from hedgepub.server._handlers import as_async_iterator, behavior_of, rebuilt, unimplemented_handler
 from hedgepub.server._methods import SHORT_NAMES, WILDCARD, resolve_method, short_name
 from hedgepub.server._request_log import REQUEST_LOG, log_request
 
 __all__ = [
-    "FaultCounts",
     "FaultInjector",
     "FaultRule",
     "LatencyBucket",
     "LatencyMix",
-    "MethodFaultCounts",
     "StallWindows",
 ]
 
@@ -563,98 +562,6 @@ class FaultRule:
         return hash((self._latency, tuple(self._errors.items()), self._stall))
 
 
-@dataclass(frozen=True)
-class MethodFaultCounts:
-    """What the injector did to one method's calls (a snapshot)."""
-
-    #: Calls that met a rule (calls of methods without a rule are not counted).
-    calls: int = 0
-    #: Injected delays by their length in seconds (draws of the no-delay remainder are not counted).
-    delays: Mapping[float, int] = field(default_factory=dict)
-    #: Injected errors by status code.
-    errors: Mapping[StatusCode, int] = field(default_factory=dict)
-    #: Calls cancelled by their client (or past their deadline) during an injected delay or stall.
-    cancelled_during_delay: int = 0
-    #: Calls that arrived in a stall window and were held until it ended.
-    stalled: int = 0
-
-    @property
-    def delayed(self) -> int:
-        """Calls that got an injected delay."""
-        return sum(self.delays.values())
-
-    @property
-    def failed(self) -> int:
-        """Calls answered with an injected error."""
-        return sum(self.errors.values())
-
-
-class FaultCounts(Mapping[str, MethodFaultCounts]):
-    """Snapshot of injected events, by short method name.
-
-    Indexing accepts a short name or a full path, and gives zero counts for a valid method that saw no
-    rule; iteration lists only the methods that did.
-    """
-
-    def __init__(self, by_method: Mapping[str, MethodFaultCounts]) -> None:
-        self._by_method = dict(by_method)
-
-    def __getitem__(self, method: str) -> MethodFaultCounts:
-        path = resolve_method(method)
-        if path == WILDCARD:
-            raise KeyError("counts are kept per method; '*' is not a method")
-        return self._by_method.get(short_name(path), MethodFaultCounts())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_method)
-
-    def __len__(self) -> int:
-        return len(self._by_method)
-
-    @property
-    def calls(self) -> int:
-        """Calls that met a rule, over all methods."""
-        return sum(counts.calls for counts in self._by_method.values())
-
-    @property
-    def delayed(self) -> int:
-        """Injected delays over all methods."""
-        return sum(counts.delayed for counts in self._by_method.values())
-
-    @property
-    def failed(self) -> int:
-        """Injected errors over all methods."""
-        return sum(counts.failed for counts in self._by_method.values())
-
-    @property
-    def stalled(self) -> int:
-        """Calls held by a stall window, over all methods."""
-        return sum(counts.stalled for counts in self._by_method.values())
-
-    def __repr__(self) -> str:
-        return f"FaultCounts({self._by_method!r})"
-
-
-class _MutableCounts:
-    __slots__ = ("calls", "cancelled_during_delay", "delays", "errors", "stalled")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.delays: dict[float, int] = {}
-        self.errors: dict[StatusCode, int] = {}
-        self.cancelled_during_delay = 0
-        self.stalled = 0
-
-    def freeze(self) -> MethodFaultCounts:
-        return MethodFaultCounts(
-            calls=self.calls,
-            delays=MappingProxyType(dict(sorted(self.delays.items()))),
-            errors=MappingProxyType(dict(sorted(self.errors.items()))),
-            cancelled_during_delay=self.cancelled_during_delay,
-            stalled=self.stalled,
-        )
-
-
 class FaultInjector(grpc.aio.ServerInterceptor):
     """A server's fault rules, applied to its calls as its one gRPC interceptor.
 
@@ -681,7 +588,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         self._stall_fraction = _stall_fraction(seed)
         # Replaced, never mutated, so the interceptor reads it without taking the lock.
         self._rules: Mapping[str, FaultRule] = {}
-        self._counts: dict[str, _MutableCounts] = {}
+        self._counts: dict[str, MutableCounts] = {}
         for method, rule in (rules or {}).items():
             self.set(method, rule)
 
@@ -849,7 +756,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         with self._lock:
             counts = self._counts.get(name)
             if counts is None:
-                counts = self._counts[name] = _MutableCounts()
+                counts = self._counts[name] = MutableCounts()
             counts.calls += 1
             stall = 0.0
             if rule.stall is not None:
