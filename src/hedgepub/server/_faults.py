@@ -53,7 +53,6 @@ import logging
 import math
 import os
 import random
-import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -66,6 +65,15 @@ import grpc.aio
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._fault_counts import FaultCounts, MutableCounts
+from hedgepub.server._fault_units import (
+    TOLERANCE,
+    check_probability,
+    check_seconds,
+    format_duration,
+    format_percent,
+    parse_duration,
+    parse_percent,
+)
 from hedgepub.server._handlers import as_async_iterator, behavior_of, rebuilt, unimplemented_handler
 from hedgepub.server._methods import SHORT_NAMES, WILDCARD, resolve_method, short_name
 from hedgepub.server._request_log import REQUEST_LOG, log_request
@@ -80,55 +88,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
-_DURATION_RE = re.compile(rf"^{_NUMBER}\s*(us|µs|ms|s)$")
-_PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
-_UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-# Sums of percentages such as 33.3% * 3 must not fail on float rounding.
-_TOLERANCE = 1e-9
-
-
-def _parse_duration(text: str) -> float:
-    match = _DURATION_RE.match(text.strip())
-    if match is None:
-        raise ValueError(
-            f"bad duration {text.strip()!r}: expected a number followed by us, ms or s, "
-            "such as '5ms' or '1.5s'"
-        )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def _parse_percent(text: str) -> float:
-    match = _PERCENT_RE.match(text.strip())
-    if match is None:
-        raise ValueError(f"bad percentage {text.strip()!r}: expected a number followed by %, such as '20%'")
-    return float(match.group(1)) / 100.0
-
-
-def _format_duration(seconds: float) -> str:
-    if seconds == 0:
-        return "0ms"
-    if seconds >= 1:
-        return f"{seconds:.6g}s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.6g}ms"
-    return f"{seconds * 1e6:.6g}us"
-
-
-def _format_percent(probability: float) -> str:
-    return f"{probability * 100:.6g}%"
-
-
-def _probability(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{name} must be a probability as an int or float; got {type(value).__name__} {value!r}"
-        )
-    probability = float(value)
-    if math.isnan(probability) or not 0.0 < probability <= 1.0:
-        raise ValueError(f"{name} must be a probability in (0, 1]; got {value!r}")
-    return probability
-
 
 @dataclass(frozen=True)
 class LatencyBucket:
@@ -138,7 +97,7 @@ class LatencyBucket:
     delay: float
 
     def __str__(self) -> str:
-        return f"{_format_percent(self.probability)}:{_format_duration(self.delay)}"
+        return f"{format_percent(self.probability)}:{format_duration(self.delay)}"
 
 
 class LatencyMix:
@@ -163,7 +122,7 @@ class LatencyMix:
                     raise TypeError(
                         f"latency bucket {index} must be a (probability, delay_seconds) pair; got {bucket!r}"
                     ) from None
-            probability = _probability(f"latency bucket {index} probability", probability)
+            probability = check_probability(f"latency bucket {index} probability", probability)
             if isinstance(delay, bool) or not isinstance(delay, (int, float)):
                 raise TypeError(
                     f"latency bucket {index} delay must be seconds as an int or float; "
@@ -175,9 +134,9 @@ class LatencyMix:
         if not checked:
             raise ValueError("a latency mix needs at least one bucket, such as '100%:5ms'")
         total = math.fsum(bucket.probability for bucket in checked)
-        if total > 1.0 + _TOLERANCE:
+        if total > 1.0 + TOLERANCE:
             raise ValueError(
-                f"latency mix probabilities add up to {_format_percent(total)}, more than 100%: "
+                f"latency mix probabilities add up to {format_percent(total)}, more than 100%: "
                 + ",".join(str(bucket) for bucket in checked)
             )
         self._buckets = tuple(checked)
@@ -197,7 +156,7 @@ class LatencyMix:
             raise ValueError("empty latency mix: expected buckets such as '95%:5ms,5%:300ms'")
         parts = [part.strip() for part in spec.split(",")]
         if len(parts) == 1 and ":" not in parts[0] and "%" not in parts[0]:
-            return cls([(1.0, _parse_duration(parts[0]))])
+            return cls([(1.0, parse_duration(parts[0]))])
         buckets: list[tuple[float, float]] = []
         for part in parts:
             percent, separator, duration = part.partition(":")
@@ -206,7 +165,7 @@ class LatencyMix:
                     f"bad latency bucket {part!r} in {spec!r}: expected PERCENT:DURATION, such as '95%:5ms'"
                 )
             try:
-                buckets.append((_parse_percent(percent), _parse_duration(duration)))
+                buckets.append((parse_percent(percent), parse_duration(duration)))
             except ValueError as error:
                 raise ValueError(f"bad latency bucket {part!r} in {spec!r}: {error}") from None
         try:
@@ -239,7 +198,7 @@ class LatencyMix:
 
     def __str__(self) -> str:
         if len(self._buckets) == 1 and self._buckets[0].probability == 1.0:
-            return _format_duration(self._buckets[0].delay)
+            return format_duration(self._buckets[0].delay)
         return ",".join(str(bucket) for bucket in self._buckets)
 
     def __repr__(self) -> str:
@@ -252,15 +211,6 @@ class LatencyMix:
 
     def __hash__(self) -> int:
         return hash(self._buckets)
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be seconds as an int or float; got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"{name} must be finite seconds; got {value!r}")
-    return seconds
 
 
 class StallWindows:
@@ -276,18 +226,18 @@ class StallWindows:
     __slots__ = ("_period", "_phase", "_stall")
 
     def __init__(self, stall: float, period: float, phase: float | None = None) -> None:
-        stall = _seconds("stall", stall)
-        period = _seconds("stall period", period)
+        stall = check_seconds("stall", stall)
+        period = check_seconds("stall period", period)
         if not 0 < stall < period:
             raise ValueError(
                 "a stall window must last more than 0 s and less than its period; got "
-                f"{_format_duration(stall)} every {_format_duration(period)}"
+                f"{format_duration(stall)} every {format_duration(period)}"
             )
         if phase is not None:
-            phase = _seconds("stall phase", phase)
+            phase = check_seconds("stall phase", phase)
             if not 0 <= phase < period:
                 raise ValueError(
-                    f"stall phase must be in [0, period) = [0, {_format_duration(period)}); got {phase!r}"
+                    f"stall phase must be in [0, period) = [0, {format_duration(period)}); got {phase!r}"
                 )
         self._stall = stall
         self._period = period
@@ -305,9 +255,7 @@ class StallWindows:
                 f"bad stall windows {spec.strip()!r}: expected STALL/PERIOD[@PHASE], such as '500ms/5s'"
             )
         try:
-            return cls(
-                _parse_duration(stall), _parse_duration(period), _parse_duration(phase) if at else None
-            )
+            return cls(parse_duration(stall), parse_duration(period), parse_duration(phase) if at else None)
         except ValueError as error:
             raise ValueError(f"bad stall windows {spec.strip()!r}: {error}") from None
 
@@ -332,8 +280,8 @@ class StallWindows:
         return self._stall - into_period if into_period < self._stall else 0.0
 
     def __str__(self) -> str:
-        text = f"{_format_duration(self._stall)}/{_format_duration(self._period)}"
-        return text if self._phase is None else f"{text}@{_format_duration(self._phase)}"
+        text = f"{format_duration(self._stall)}/{format_duration(self._period)}"
+        return text if self._phase is None else f"{text}@{format_duration(self._phase)}"
 
     def __repr__(self) -> str:
         return f"StallWindows.parse({str(self)!r})"
@@ -411,10 +359,10 @@ class FaultRule:
         rates: dict[StatusCode, float] = {}
         for key, rate in errors.items():
             code = _status_code(key)
-            rates[code] = _probability(f"error rate of {code.name}", rate)
+            rates[code] = check_probability(f"error rate of {code.name}", rate)
         total = math.fsum(rates.values())
-        if total > 1.0 + _TOLERANCE:
-            raise ValueError(f"error rates add up to {_format_percent(total)}, more than 100%")
+        if total > 1.0 + TOLERANCE:
+            raise ValueError(f"error rates add up to {format_percent(total)}, more than 100%")
         self._latency: LatencyMix | None = latency
         self._errors: Mapping[StatusCode, float] = MappingProxyType(dict(sorted(rates.items())))
 
@@ -478,7 +426,7 @@ class FaultRule:
                     code = _status_code(name)
                     if code in errors:
                         raise ValueError(f"error rate of {code.name} given twice in {spec!r}")
-                    errors[code] = _parse_percent(percent)
+                    errors[code] = parse_percent(percent)
             else:
                 raise ValueError(
                     f"unknown fault kind {key!r} in {clause!r}: expected 'latency', 'error' or 'stall'"
@@ -510,7 +458,7 @@ class FaultRule:
         if not isinstance(raw_errors, Mapping):
             raise ValueError(f"'errors' must be an object of code name to rate; got {raw_errors!r}")
         errors = {
-            name: _parse_percent(rate) if isinstance(rate, str) else rate for name, rate in raw_errors.items()
+            name: parse_percent(rate) if isinstance(rate, str) else rate for name, rate in raw_errors.items()
         }
         return cls(latency=latency, errors=errors, stall=stall)
 
@@ -542,7 +490,7 @@ class FaultRule:
         if self._errors:
             clauses.append(
                 "error="
-                + ",".join(f"{code.name}:{_format_percent(rate)}" for code, rate in self._errors.items())
+                + ",".join(f"{code.name}:{format_percent(rate)}" for code, rate in self._errors.items())
             )
         return ";".join(clauses)
 
