@@ -25,7 +25,8 @@ from google.iam.v1 import iam_policy_pb2
 
 from hedgepub import StatusCode
 from hedgepub.server._fault_delays import LatencyBucket, LatencyMix, StallWindows
-from hedgepub.server._faults import FaultInjector, FaultRule
+from hedgepub.server._fault_rules import FaultRule
+from hedgepub.server._faults import FaultInjector
 from hedgepub.server._methods import METHODS, WILDCARD, resolve_method
 
 # -- the rule language ---------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._datadir import DataDirError
 from hedgepub.server._fault_delays import LatencyMix, StallWindows
-from hedgepub.server._faults import FaultInjector, FaultRule
+from hedgepub.server._fault_rules import FaultRule
+from hedgepub.server._faults import FaultInjector
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
