@@ -167,6 +167,7 @@ class _RelayProcess:
                 ],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # it writes nothing there; a reader of the server's waits for EOF
                 start_new_session=True,
             )
         except BaseException:
