@@ -4,7 +4,10 @@
 histograms, as tower's ``hedge`` middleware does: samples go into the current window; when a window's
 time is up, it becomes the previous one and a fresh window starts (the one before is forgotten). The
 delay is the chosen percentile over both windows, that is over the last one to two windows of traffic,
-clamped to ``[0.1 s, limit]``; the fixed delay stands in until ``min_samples`` are in the two windows.
+clamped to ``[0.1 s, limit]`` (``limit``: at most 10 s, and at most half the initial RPC timeout, see
+:func:`hedgepub._settings.adaptive_delay_limit`); the fixed delay stands in, as set, until
+``min_samples`` are in the two windows. The histograms tell apart latencies from 100 us to 60 s; a
+faster or slower attempt is recorded as 100 us or 60 s, which gives the same clamped delay.
 
 Like the token bucket, the estimator is a small in-memory object the pure hedging core is handed: time
 comes in as an argument (``now``), nothing here reads a clock, so the rules run on virtual time. It is
@@ -29,8 +32,11 @@ from hdrh.histogram import HdrHistogram
 
 from hedgepub._settings import MIN_ADAPTIVE_DELAY, AdaptiveDelay
 
-# Microseconds from 100 us to one minute, two significant digits (1 % error): the delay is clamped to at
-# least 100 ms and at most 10 s, so finer or wider would only cost memory and time per rotation.
+# Microseconds from 100 us to one minute, two significant digits (under 1 % error from 6.4 ms up): the
+# delay is clamped to [MIN_ADAPTIVE_DELAY, limit], at least 100 ms and at most MAX_ADAPTIVE_DELAY (10 s),
+# so finer or wider would only cost memory and time per rotation. A latency outside the range is recorded
+# at its edge (:func:`_micros`): it still counts as a sample and in the percentile's rank, and as both
+# edges lie far outside the clamp, the delay is the same as if it had been recorded exactly.
 _LOWEST_US = 100
 _HIGHEST_US = 60_000_000
 _SIGNIFICANT_DIGITS = 2
@@ -89,8 +95,7 @@ class AdaptiveDelayEstimator:
     def record(self, latency: float, now: float) -> None:
         """Add one attempt latency (seconds) seen at ``now``."""
         self._rotate(now)
-        micros = min(max(round(latency * 1_000_000), 1), _HIGHEST_US)
-        self._current_window.record_value(micros)
+        self._current_window.record_value(_micros(latency))
 
     def delay(self, now: float) -> float:
         """The hedge delay for a batch starting at ``now``: the percentile, clamped, or the fallback."""
@@ -128,6 +133,11 @@ class AdaptiveDelayEstimator:
             self._current_window.reset()
             self._window_start = now
         return True
+
+
+def _micros(latency: float) -> int:
+    """A latency in seconds as the histograms record it: whole microseconds within their range."""
+    return min(max(round(latency * 1_000_000), _LOWEST_US), _HIGHEST_US)
 
 
 def _percentile(first: HdrHistogram, second: HdrHistogram, percentile: float) -> int:

@@ -14,7 +14,7 @@ import pytest
 
 from hedgepub import AdaptiveDelay, AsyncPublisherClient, HedgingSettings, RetrySettings
 from hedgepub._bucket import TokenBucket
-from hedgepub._delay import AdaptiveDelayEstimator
+from hedgepub._delay import AdaptiveDelayEstimator, _micros
 from hedgepub._engine import HedgingCore, SendAttempt, StartTimer, Timer, TimerKind, run_batch
 from hedgepub._settings import adaptive_delay_limit
 from hedgepub._transport import ScriptedCall, ScriptedTransport
@@ -79,6 +79,73 @@ def test_clamps_hold_at_both_ends() -> None:
     )
     small.record(45.0, 0.0)
     assert small.delay(0.0) == 10.0  # and never above 10 s, whatever the timeouts
+
+
+def test_latencies_below_the_histograms_count_at_100_us() -> None:
+    # The histograms tell latencies apart from 100 us: faster ones (even 0) are recorded as 100 us.
+    assert _micros(0.0) == _micros(1e-6) == _micros(99e-6) == 100
+    assert _micros(100e-6) == 100 and _micros(150e-6) == 150
+    fast = estimator(min_samples=10)
+    last = feed(fast, [0.0, 1e-6, 50e-6, 99e-6] * 5, start=0.0, gap=0.01)
+    assert fast.samples == 20
+    assert fast.delay(last) == 0.1 and fast.adapted  # the 0.1 s floor, not the fallback
+    # Each counts in the percentile's rank: 95 fast of 100 keep p95 fast, 94 let it reach the slow tier.
+    for fast_count, expected in ((95, 0.1), (94, 0.5)):
+        source = estimator(min_samples=100)
+        last = feed(source, [20e-6] * fast_count + [0.5] * (100 - fast_count), start=0.0, gap=0.01)
+        assert source.delay(last) == pytest.approx(expected, rel=0.01)
+
+
+def test_latencies_above_the_histograms_count_at_60_s() -> None:
+    assert _micros(60.0) == _micros(61.0) == _micros(3600.0) == 60_000_000
+    limit = adaptive_delay_limit(RetrySettings(initial_rpc_timeout=60, max_rpc_timeout=60))
+    assert limit == 10.0
+    for slow_count, expected in ((5, 0.2), (6, 10.0)):
+        source = AdaptiveDelayEstimator(AdaptiveDelay(min_samples=100), fallback=1.0, limit=limit)
+        slow = [(61.0, 120.0, 3600.0)[index % 3] for index in range(slow_count)]
+        last = feed(source, [0.2] * (100 - slow_count) + slow, start=0.0, gap=0.01)
+        assert source.samples == 100
+        # p95 is the 95th of 100: the slow ones count in the rank, and the delay never passes the limit.
+        assert source.delay(last) == pytest.approx(expected, rel=0.01)
+
+
+def test_the_floor_is_exactly_0_1_s() -> None:
+    for latency in (0.001, 0.05, 0.098):
+        source = estimator(min_samples=10)
+        last = feed(source, [latency] * 20, start=0.0, gap=0.01)
+        assert source.delay(last) == 0.1
+    at_floor = estimator(min_samples=10)
+    last = feed(at_floor, [0.1] * 20, start=0.0, gap=0.01)
+    # The percentile is the top of the histogram's bucket holding 100 ms: a little above, within 1 %.
+    assert 0.1 <= at_floor.delay(last) <= 0.101
+
+
+def test_the_limit_is_half_an_initial_rpc_timeout_below_the_10_s_cap() -> None:
+    settings = AdaptiveDelay(min_samples=10)
+    # Latencies shorter than the 0.5 s initial RPC timeout but longer than half of it: the delay is 0.25 s,
+    # so a hedge sent then still has half the timeout to win.
+    half = AdaptiveDelayEstimator(
+        settings, fallback=0.3, limit=adaptive_delay_limit(RetrySettings(initial_rpc_timeout=0.5))
+    )
+    assert half.limit == 0.25
+    # Until min_samples are in, the fixed delay stands in as set (check_hedging keeps it under the timeout).
+    assert half.delay(0.0) == 0.3 and not half.adapted
+    last = feed(half, [0.4] * 10, start=0.0, gap=0.01)
+    assert half.delay(last + 1.0) == 0.25 and half.adapted
+    below = AdaptiveDelayEstimator(settings, fallback=0.3, limit=0.25)
+    last = feed(below, [0.2] * 10, start=0.0, gap=0.01)
+    assert below.delay(last) == pytest.approx(0.2, rel=0.01)
+    # A 0.2 s initial RPC timeout leaves only the floor: the limit is 0.1 s, whatever the latency.
+    pinned = AdaptiveDelayEstimator(
+        settings, fallback=0.1, limit=adaptive_delay_limit(RetrySettings(initial_rpc_timeout=0.2))
+    )
+    assert pinned.limit == 0.1
+    last = feed(pinned, [0.02, 5.0] * 5, start=0.0, gap=0.01)
+    assert pinned.delay(last) == 0.1
+    with pytest.raises(ValueError, match=r"limit must be at least 0\.1 s"):
+        AdaptiveDelayEstimator(
+            settings, fallback=0.1, limit=adaptive_delay_limit(RetrySettings(initial_rpc_timeout=0.19))
+        )
 
 
 def test_a_shifting_distribution_moves_the_delay_within_two_windows() -> None:

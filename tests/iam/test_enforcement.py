@@ -746,6 +746,104 @@ def test_test_iam_permissions_returns_the_held_subset(caller: Caller) -> None:
     _expect(anonymous.value, grpc.StatusCode.UNAUTHENTICATED, MISSING_START)
 
 
+#: Every permission the access-control documentation lists for schemas and snapshots, except those checked
+#: on the project (create, list, and validate for schemas), which no resource of the type can be asked about.
+SCHEMA_ALL = [
+    "pubsub.schemas.attach",
+    "pubsub.schemas.commit",
+    "pubsub.schemas.delete",
+    "pubsub.schemas.get",
+    "pubsub.schemas.getIamPolicy",
+    "pubsub.schemas.listRevisions",
+    "pubsub.schemas.rollback",
+    "pubsub.schemas.setIamPolicy",
+]
+SNAPSHOT_ALL = [
+    "pubsub.snapshots.delete",
+    "pubsub.snapshots.get",
+    "pubsub.snapshots.getIamPolicy",
+    "pubsub.snapshots.seek",
+    "pubsub.snapshots.setIamPolicy",
+    "pubsub.snapshots.update",
+]
+
+
+def _create_snapshot(caller: Caller) -> str:
+    subscription = caller.create_subscription(caller.create_topic())
+    snapshot = f"{PROJECT}/snapshots/{caller.unique('snapshot')}"
+    caller.call(
+        "CreateSnapshot", types.CreateSnapshotRequest.pb()(name=snapshot, subscription=subscription), ADMIN
+    )
+    return snapshot
+
+
+def test_test_iam_permissions_judges_schemas_and_snapshots_by_their_own_permissions(caller: Caller) -> None:
+    schema = caller.create_schema().name
+    snapshot = _create_snapshot(caller)
+    assert caller.test_permissions(schema, SCHEMA_ALL, ADMIN) == SCHEMA_ALL
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, ADMIN) == SNAPSHOT_ALL
+    viewer, editor = token_of("roles/pubsub.viewer"), token_of("roles/pubsub.editor")
+    assert caller.test_permissions(schema, SCHEMA_ALL, viewer) == [
+        "pubsub.schemas.get",
+        "pubsub.schemas.listRevisions",
+    ]
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, viewer) == ["pubsub.snapshots.get"]
+    # The Pub/Sub editor manages schemas and snapshots but not their policies; the basic viewer reads those.
+    assert caller.test_permissions(schema, SCHEMA_ALL, editor) == [
+        p for p in SCHEMA_ALL if not p.endswith("IamPolicy")
+    ]
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, token_of("roles/viewer")) == [
+        "pubsub.snapshots.get",
+        "pubsub.snapshots.getIamPolicy",
+    ]
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, token_of("roles/pubsub.subscriber")) == [
+        "pubsub.snapshots.seek"
+    ]
+    assert caller.test_permissions(schema, SCHEMA_ALL, token_of("roles/pubsub.publisher")) == []
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, "t-nobody") == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "permission"),
+    [
+        # Another type's permissions, which were accepted on schemas and snapshots when both were judged
+        # as topics.
+        ("schema", "pubsub.topics.get"),
+        ("snapshot", "pubsub.topics.publish"),
+        ("schema", "pubsub.snapshots.get"),
+        ("snapshot", "pubsub.schemas.get"),
+        ("snapshot", "pubsub.subscriptions.consume"),
+        # Project permissions.
+        ("schema", "pubsub.schemas.create"),
+        ("schema", "pubsub.schemas.validate"),
+        ("snapshot", "pubsub.snapshots.list"),
+    ],
+)
+def test_test_iam_permissions_refuses_permissions_of_another_type(
+    caller: Caller, kind: str, permission: str
+) -> None:
+    resource = caller.create_schema().name if kind == "schema" else _create_snapshot(caller)
+    with pytest.raises(grpc.RpcError) as refused:
+        caller.test_permissions(resource, [f"pubsub.{kind}s.get", permission], ADMIN)
+    _expect(
+        refused.value,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"Permission {permission} is not valid for resource {resource}.",
+    )
+
+
+def test_test_iam_permissions_on_missing_schemas_and_snapshots(caller: Caller) -> None:
+    schema = f"{PROJECT}/schemas/{caller.unique('absent')}"
+    snapshot = f"{PROJECT}/snapshots/{caller.unique('absent')}"
+    # A stranger learns nothing; a caller holding something there learns that it does not exist.
+    assert caller.test_permissions(schema, ["pubsub.schemas.get"], "t-nobody") == []
+    assert caller.test_permissions(snapshot, ["pubsub.snapshots.get"], "t-nobody") == []
+    for resource, permission in ((schema, "pubsub.schemas.get"), (snapshot, "pubsub.snapshots.get")):
+        with pytest.raises(grpc.RpcError) as missing:
+            caller.test_permissions(resource, [permission], ADMIN)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_a_caller_without_access_cannot_learn_what_exists(caller: Caller) -> None:
     missing = f"{PROJECT}/topics/{caller.unique('absent')}"
     request = types.GetTopicRequest.pb()(topic=missing)
@@ -775,6 +873,65 @@ def test_iam_is_off_by_default() -> None:
             ]
         finally:
             open_caller.close()
+
+
+def test_official_clients_test_each_type_with_its_own_permissions_when_iam_is_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from google.api_core import exceptions
+    from google.cloud import pubsub_v1
+
+    with LocalServer(in_memory=True) as server:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        schemas = pubsub_v1.SchemaServiceClient()
+        try:
+            topic = publisher.create_topic(name=f"{PROJECT}/topics/open").name
+            subscription = subscriber.create_subscription(
+                name=f"{PROJECT}/subscriptions/open", topic=topic
+            ).name
+            snapshot = subscriber.create_snapshot(
+                name=f"{PROJECT}/snapshots/open", subscription=subscription
+            ).name
+            schema = schemas.create_schema(
+                parent=PROJECT,
+                schema=schema_types.Schema(type_=schema_types.Schema.Type.AVRO, definition=AVRO),
+                schema_id="open",
+            ).name
+            cases = [
+                (publisher, topic, TOPIC_ALL),
+                (subscriber, subscription, SUBSCRIPTION_ALL),
+                (subscriber, snapshot, SNAPSHOT_ALL),
+                (schemas, schema, SCHEMA_ALL),
+            ]
+            for client, resource, permissions in cases:
+                # Not enforcing: every permission valid for the type is granted.
+                asked = {"resource": resource, "permissions": permissions}
+                assert list(client.test_iam_permissions(request=asked).permissions) == permissions
+                foreign = {"resource": resource, "permissions": ["pubsub.topics.create"]}
+                with pytest.raises(exceptions.InvalidArgument, match="is not valid for resource"):
+                    client.test_iam_permissions(request=foreign)
+            with pytest.raises(exceptions.InvalidArgument, match=r"pubsub\.topics\.get is not valid"):
+                schemas.test_iam_permissions(
+                    request={"resource": schema, "permissions": ["pubsub.topics.get"]}
+                )
+            for missing, permission in (
+                (f"{PROJECT}/snapshots/absent", "pubsub.snapshots.get"),
+                (f"{PROJECT}/schemas/absent", "pubsub.schemas.get"),
+            ):
+                with pytest.raises(exceptions.NotFound):
+                    subscriber.test_iam_permissions(
+                        request={"resource": missing, "permissions": [permission]}
+                    )
+            # A schema revision carries no permissions of its own.
+            with pytest.raises(exceptions.InvalidArgument):
+                schemas.test_iam_permissions(
+                    request={"resource": f"{schema}@abc", "permissions": ["pubsub.schemas.get"]}
+                )
+        finally:
+            publisher.transport.close()
+            subscriber.close()
+            schemas.transport.close()
 
 
 def test_hedgepub_publisher_sends_its_credentials_token(iam_server: LocalServer, caller: Caller) -> None:

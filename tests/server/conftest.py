@@ -15,7 +15,7 @@ import grpc
 import pytest
 from google.cloud import pubsub_v1
 from google.iam.v1 import iam_policy_pb2, policy_pb2
-from google.protobuf import empty_pb2
+from google.protobuf import duration_pb2, empty_pb2
 from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import LocalServer
@@ -49,6 +49,12 @@ _RESPONSES: dict[str, Any] = {
 _SERVICES = {name: "google.pubsub.v1.Publisher" for name in list(_RESPONSES)[:8]}
 _SERVICES.update({name: "google.pubsub.v1.Subscriber" for name in list(_RESPONSES)[8:17]})
 _SERVICES.update({name: "google.iam.v1.IAMPolicy" for name in list(_RESPONSES)[17:]})
+
+
+def duration(seconds: float) -> Any:
+    """``seconds`` as a protobuf Duration (whole seconds and nanoseconds, both of the same sign)."""
+    whole = int(seconds)
+    return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
 
 
 class RawClient:

@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from google.protobuf import duration_pb2
 from google.pubsub_v1.types import pubsub as types
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +13,8 @@ from hypothesis import strategies as st
 from hedgepub._virtual_time import run_virtual
 from hedgepub.server import MemoryStore, PubSubCore
 from hedgepub.server._delivery import retry_delay
+
+from .conftest import duration
 
 TOPIC = "projects/p/topics/events"
 SUBSCRIPTION = "projects/p/subscriptions/events-sub"
@@ -26,9 +27,6 @@ RetryPolicy: Any = types.RetryPolicy.pb()
 
 
 def policy(minimum: float, maximum: float) -> Any:
-    def duration(value: float) -> Any:
-        return duration_pb2.Duration(seconds=int(value), nanos=round((value - int(value)) * 1e9))
-
     return RetryPolicy(minimum_backoff=duration(minimum), maximum_backoff=duration(maximum))
 
 

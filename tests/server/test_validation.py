@@ -7,8 +7,10 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2, field_mask_pb2
+from google.protobuf import field_mask_pb2
 from google.pubsub_v1.types import pubsub as types
+
+from .conftest import duration
 
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/validated"
@@ -18,11 +20,6 @@ DAY = 24 * 3600
 Topic: Any = types.Topic.pb()
 Subscription: Any = types.Subscription.pb()
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-def duration(seconds: float) -> Any:
-    whole = int(seconds)
-    return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
 
 
 @pytest.fixture

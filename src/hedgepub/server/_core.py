@@ -712,8 +712,13 @@ class PubSubCore:
         return stored
 
     def check_iam_resource(self, resource: str) -> None:
-        """TestIamPermissions needs an existing topic or subscription."""
-        self._iam_resource(resource)
+        """TestIamPermissions needs an existing topic, subscription, snapshot or schema (not a revision)."""
+        if "/snapshots/" in resource:
+            self.replay.get_snapshot(resource)
+        elif "/schemas/" in resource:
+            self.schemas.revision(limits.check_name(resource, "schemas"))
+        else:
+            self._iam_resource(resource)
 
     def stored_policy(self, resource: str) -> Any | None:
         """The policy set on a topic or subscription, or ``None`` (no checks: for IAM enforcement)."""

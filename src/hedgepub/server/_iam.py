@@ -12,7 +12,7 @@ wraps in an :class:`IamEnforcer`:
 - **who holds it**: the effective policy of a topic or subscription is the project-level policy of the
   config (the same for every project) united with the policy set on the resource through SetIamPolicy,
   as in the real service, where a resource inherits from its project. A binding grants its role's
-  permissions (:data:`ROLE_PERMISSIONS`, the real definitions restricted to topics and subscriptions) to
+  permissions (:data:`ROLE_PERMISSIONS`, the real definitions restricted to Pub/Sub's resources) to
   its members: exact principals, ``domain:example.com`` (users of that e-mail domain),
   ``allAuthenticatedUsers`` and ``allUsers`` (both: every caller with a known token).
 
@@ -58,40 +58,53 @@ SUBSCRIPTION_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.subscriptions.update",
     }
 )
-#: Permissions that only make sense on a project (a policy on a topic or subscription cannot grant them).
+#: Permissions that only make sense on a project (a policy on a resource cannot grant them): creating and
+#: listing resources, and validating a schema or message, all checked on the project they name.
 PROJECT_PERMISSIONS: frozenset[str] = frozenset(
     {
+        "pubsub.schemas.create",
+        "pubsub.schemas.list",
+        "pubsub.schemas.validate",
+        "pubsub.snapshots.create",
+        "pubsub.snapshots.list",
         "pubsub.subscriptions.create",
         "pubsub.subscriptions.list",
         "pubsub.topics.create",
         "pubsub.topics.list",
     }
 )
-#: Permissions on schemas (granted through the project's policy: schemas carry no policy of their own here).
+#: Permissions that can be tested on a schema. Schemas carry no policy of their own here (GetIamPolicy and
+#: SetIamPolicy refuse them), so only the project policy grants these.
 SCHEMA_PERMISSIONS: frozenset[str] = frozenset(
     {
         "pubsub.schemas.attach",
         "pubsub.schemas.commit",
-        "pubsub.schemas.create",
         "pubsub.schemas.delete",
         "pubsub.schemas.get",
-        "pubsub.schemas.list",
+        "pubsub.schemas.getIamPolicy",
         "pubsub.schemas.listRevisions",
         "pubsub.schemas.rollback",
-        "pubsub.schemas.validate",
+        "pubsub.schemas.setIamPolicy",
     }
 )
-#: Permissions on snapshots (granted through the project's policy: snapshots carry no policy here).
+#: Permissions that can be tested on a snapshot (granted through the project's policy, as for schemas).
 SNAPSHOT_PERMISSIONS: frozenset[str] = frozenset(
     {
-        "pubsub.snapshots.create",
         "pubsub.snapshots.delete",
         "pubsub.snapshots.get",
-        "pubsub.snapshots.list",
+        "pubsub.snapshots.getIamPolicy",
         "pubsub.snapshots.seek",
+        "pubsub.snapshots.setIamPolicy",
         "pubsub.snapshots.update",
     }
 )
+#: Per resource type (the collection in its name): the permissions TestIamPermissions accepts for it.
+TESTABLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    "topics": TOPIC_PERMISSIONS,
+    "subscriptions": SUBSCRIPTION_PERMISSIONS,
+    "snapshots": SNAPSHOT_PERMISSIONS,
+    "schemas": SCHEMA_PERMISSIONS,
+}
 ALL_PERMISSIONS: frozenset[str] = (
     TOPIC_PERMISSIONS
     | SUBSCRIPTION_PERMISSIONS
@@ -113,11 +126,12 @@ _VIEW = frozenset(
         "pubsub.snapshots.list",
     }
 )
-_GET_POLICY = frozenset({"pubsub.subscriptions.getIamPolicy", "pubsub.topics.getIamPolicy"})
-_SET_POLICY = frozenset({"pubsub.subscriptions.setIamPolicy", "pubsub.topics.setIamPolicy"})
+_GET_POLICY = frozenset(f"pubsub.{collection}.getIamPolicy" for collection in TESTABLE_PERMISSIONS)
+_SET_POLICY = frozenset(f"pubsub.{collection}.setIamPolicy" for collection in TESTABLE_PERMISSIONS)
 _EDIT = ALL_PERMISSIONS - _GET_POLICY - _SET_POLICY
 
-#: The real roles, restricted to the permissions on topics, subscriptions and schemas this server knows.
+#: The real roles, restricted to the Pub/Sub permissions this server knows (topics, subscriptions, snapshots
+#: and schemas).
 #: The Pub/Sub editor manages and uses resources but cannot read or change their policies; the basic editor
 #: can read them; the basic viewer sees configurations and policies but cannot publish or consume.
 ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
@@ -171,8 +185,8 @@ class Check(NamedTuple):
 #: Per RPC (short method name): the permissions it needs. ``create`` and ``list`` are checked on the
 #: project of the named resource; ``pubsub.schemas.attach`` on the schema a topic names (which, as schemas
 #: carry no policy of their own here, only the project policy grants). ``getIamPolicy`` /
-#: ``setIamPolicy`` are completed with ``topics`` or ``subscriptions`` by the resource's type at call time
-#: (:func:`resource_permission`). TestIamPermissions needs no permission (any authenticated caller may
+#: ``setIamPolicy`` are completed with the resource's type (``topics``, ``subscriptions``, ...) at call
+#: time (:func:`resource_permission`). TestIamPermissions needs no permission (any authenticated caller may
 #: ask), as in the real service.
 RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     # A topic that names a schema attaches it: the caller needs pubsub.schemas.attach on that schema too.
@@ -248,15 +262,31 @@ def forwarding_identity(resource: str) -> str:
     return FORWARDING_IDENTITY.format(project=resource.split("/")[1] if resource.count("/") >= 1 else "")
 
 
+def _collection(resource: str) -> str:
+    """The type (a key of :data:`TESTABLE_PERMISSIONS`) of ``projects/p/<collection>/id``; else ''."""
+    parts = resource.split("/")
+    return parts[2] if len(parts) == 4 and parts[2] in TESTABLE_PERMISSIONS else ""
+
+
 def resource_permission(resource: str, verb: str) -> str:
-    """``pubsub.topics.<verb>`` or ``pubsub.subscriptions.<verb>`` depending on the resource name."""
-    collection = "subscriptions" if "/subscriptions/" in resource else "topics"
-    return f"pubsub.{collection}.{verb}"
+    """``pubsub.<collection>.<verb>`` for the resource's type (``topics`` for a name of no known type)."""
+    return f"pubsub.{_collection(resource) or 'topics'}.{verb}"
+
+
+def testable_permissions(resource: str) -> frozenset[str]:
+    """The permissions TestIamPermissions accepts for ``resource``'s type; INVALID_ARGUMENT for no type."""
+    known = TESTABLE_PERMISSIONS.get(_collection(resource))
+    if known is None:
+        raise invalid(
+            f"Invalid resource name given (name={resource}). Expected a topic, subscription, snapshot or "
+            "schema."
+        )
+    return known
 
 
 def check_testable(resource: str, permissions: Sequence[str]) -> None:
     """Refuse permissions that do not apply to the resource's type, as the real service does."""
-    known = SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in resource else TOPIC_PERMISSIONS
+    known = testable_permissions(resource)
     for permission in permissions:
         if permission not in known:
             raise invalid(f"Permission {permission} is not valid for resource {resource}.")
@@ -497,7 +527,7 @@ class IamEnforcer:
         if resource.count("/") == 3:
             policy = self._policy_of(resource)
             if policy is not None:
-                applicable = SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in resource else TOPIC_PERMISSIONS
+                applicable = TESTABLE_PERMISSIONS.get(_collection(resource), frozenset())
                 for role, members in _bindings(policy):
                     # Unknown roles grant nothing (SetIamPolicy refuses them while enforcing, but a policy
                     # stored while enforcement was off may hold any role).

@@ -382,9 +382,7 @@ class PubSubServicer:
         # not, so TestIamPermissions cannot tell it which topics exist; one holding something (who could
         # GetTopic anyway, or reads the resource's own policy) learns NOT_FOUND as before.
         _iam.check_testable(request.resource, request.permissions)
-        applicable = (
-            _iam.SUBSCRIPTION_PERMISSIONS if "/subscriptions/" in request.resource else _iam.TOPIC_PERMISSIONS
-        )
+        applicable = _iam.testable_permissions(request.resource)
         holds_any = await self.authorizer.granted(metadata, request.resource, sorted(applicable))
         if not holds_any:
             return iam_policy_pb2.TestIamPermissionsResponse(permissions=[])
