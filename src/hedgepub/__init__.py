@@ -5,7 +5,6 @@ The whole public API is listed here; everything in a module whose name starts wi
 
 # First, before any module imports grpc: keep gRPC's C-core log lines off the terminal by default.
 from hedgepub import _grpc_logging  # noqa: F401  # isort: split
-from hedgepub._endpoints import EndpointStats
 from hedgepub._exceptions import (
     FlowControlLimitError,
     HedgepubError,
@@ -26,7 +25,7 @@ from hedgepub._settings import (
     RetrySettings,
     check_hedging,
 )
-from hedgepub._stats import PublisherStats
+from hedgepub._stats import EndpointStats, PublisherStats
 from hedgepub._status import StatusCode
 from hedgepub.dedup import Deduplicator, DedupStats
 

@@ -19,39 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from hedgepub._exceptions import RpcError
-from hedgepub._stats import latency_histogram, latency_micros, max_ms, percentile_ms
+from hedgepub._stats import EndpointStats, latency_histogram, latency_micros, max_ms, percentile_ms
 from hedgepub._status import StatusCode
 from hedgepub._transport import Transport
 
 _LOGGER = logging.getLogger("hedgepub")
-
-
-@dataclass(frozen=True)
-class EndpointStats:
-    """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
-
-    Attributes:
-        attempts_sent: Publish RPCs sent there: originals and retries (primary only) and hedges.
-        hedges_sent: the hedges among them.
-        attempts_failed: attempts that ended with an error status (unreachable, timed out, refused);
-            attempts cancelled because another won are not counted.
-        wins: batches whose winning attempt went there.
-        p50_ms, p90_ms, p99_ms, max_ms: latency of the attempts that answered with message IDs, from
-            their own send to their answer, in milliseconds (0.0 before any answered).
-    """
-
-    attempts_sent: int = 0
-    hedges_sent: int = 0
-    attempts_failed: int = 0
-    wins: int = 0
-    p50_ms: float = 0.0
-    p90_ms: float = 0.0
-    p99_ms: float = 0.0
-    max_ms: float = 0.0
 
 
 class _EndpointRecorder:

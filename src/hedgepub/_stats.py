@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from hdrh.histogram import HdrHistogram
 
 if TYPE_CHECKING:
-    from hedgepub._endpoints import EndpointStats
     from hedgepub._engine import BatchOutcome
 
 # Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
@@ -39,6 +38,30 @@ def percentile_ms(histogram: HdrHistogram, percentile: float) -> float:
 def max_ms(histogram: HdrHistogram) -> float:
     """The largest value of a :func:`latency_histogram` in milliseconds (0.0 when empty)."""
     return 0.0 if histogram.get_total_count() == 0 else histogram.get_max_value() / 1000.0
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
+
+    Attributes:
+        attempts_sent: Publish RPCs sent there: originals and retries (primary only) and hedges.
+        hedges_sent: the hedges among them.
+        attempts_failed: attempts that ended with an error status (unreachable, timed out, refused);
+            attempts cancelled because another won are not counted.
+        wins: batches whose winning attempt went there.
+        p50_ms, p90_ms, p99_ms, max_ms: latency of the attempts that answered with message IDs, from
+            their own send to their answer, in milliseconds (0.0 before any answered).
+    """
+
+    attempts_sent: int = 0
+    hedges_sent: int = 0
+    attempts_failed: int = 0
+    wins: int = 0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,10 @@ import pytest
 from google.iam.v1 import iam_policy_pb2
 
 from hedgepub import StatusCode
-from hedgepub.server._faults import (
-    METHODS,
-    WILDCARD,
-    FaultInjector,
-    FaultRule,
-    LatencyBucket,
-    LatencyMix,
-    StallWindows,
-    resolve_method,
-)
+from hedgepub.server._fault_delays import LatencyBucket, LatencyMix, StallWindows
+from hedgepub.server._fault_rules import FaultRule
+from hedgepub.server._faults import FaultInjector
+from hedgepub.server._methods import METHODS, WILDCARD, resolve_method
 
 # -- the rule language ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import StatusCode
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
-from hedgepub.server._faults import METHODS
+from hedgepub.server._methods import METHODS
 
 TOPIC = "projects/faults/topics/orders"
 SUBSCRIPTION = "projects/faults/subscriptions/orders-sub"

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hedgepub.server import LocalServer
-from hedgepub.server._faults import METHODS
+from hedgepub.server._methods import METHODS
 
 SCALE = int(os.environ.get("HEDGEPUB_TRUST_EXAMPLES", "") or 1)
 

@@ -22,13 +22,17 @@ IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, pol
 
 Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator; checks in
 :mod:`._resources`, each subscription's state machine in :mod:`._delivery`) ->
-:mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor.
+:mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor
+(rules and their text in :mod:`._fault_rules`, delays in :mod:`._fault_delays`, counts in
+:mod:`._fault_counts`; the method table in :mod:`._methods`; the request log in :mod:`._request_log`).
 :mod:`._rest` answers REST calls through the gRPC face, behind :mod:`._front`, which owns the public port.
 """
 
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._datadir import DataDirError
-from hedgepub.server._faults import FaultInjector, FaultRule, LatencyMix, StallWindows
+from hedgepub.server._fault_delays import LatencyMix, StallWindows
+from hedgepub.server._fault_rules import FaultRule
+from hedgepub.server._faults import FaultInjector
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve

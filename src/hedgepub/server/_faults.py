@@ -12,51 +12,34 @@ What a rule does to a call, in order:
 0. if the rule has stall windows and the call arrives inside one, hold it until the window ends: every
    call arriving in the same window waits, and all are let go together, as when one front end stalls
    (a failover, a pause, an overloaded task). Slowness is then correlated in time, not drawn per call;
-1. draw a delay from the rule's :class:`LatencyMix` and wait for it *before* the service handler runs,
-   so an injected delay on ``Publish`` comes before the commit. A call that its client cancels (or
-   whose deadline passes) during the delay never reaches the handler, and so stores nothing;
+1. draw a delay from the rule's :class:`~hedgepub.server.LatencyMix` and wait for it *before* the
+   service handler runs, so an injected delay on ``Publish`` comes before the commit. A call that its
+   client cancels (or whose deadline passes) during the delay never reaches the handler, and so stores
+   nothing;
 2. draw an error from the rule's error rates; a drawn error answers the call with that status code and
    a message saying that it was injected, again without running the handler;
 3. otherwise run the real handler.
 
 For ``StreamingPull`` the rule applies once, when the stream opens.
 
-Text syntax (the ``hedgepub serve --fault`` option; :meth:`FaultInjector.parse`)::
-
-    METHOD:latency=MIX                    MIX = P%:DURATION[,P%:DURATION...] or a single DURATION
-    METHOD:error=CODE:P%[,CODE:P%...]     CODE = a status code name, such as UNAVAILABLE
-    METHOD:latency=MIX;error=CODE:P%      both at once
-    METHOD:stall=STALL/PERIOD[@PHASE]     a STALL-long window every PERIOD (such as 500ms/5s)
-
 A stall window opens ``PHASE`` into each period, counted from when the injector was made (or last
 re-seeded with :meth:`FaultInjector.seed`). Without ``@PHASE`` the phase comes from the injector's seed:
 the same seed gives the same windows, and every stall rule of one injector with the same period stalls
 at the same moments, as one stalled front end would.
 
-Durations take the units ``us``, ``ms`` or ``s`` (``250us``, ``5ms``, ``1.5s``). Percentages of a
-latency mix may add up to less than 100: the remainder of the calls gets no added delay, so
-``1%:4s`` slows one call in a hundred by four seconds. Error percentages likewise add up to at most
-100; the remainder succeeds. A file (``--faults-file``) holds the same rules as JSON::
-
-    {"Publish": {"latency": "95%:5ms,4%:300ms,1%:4s", "errors": {"UNAVAILABLE": 0.2}}}
-
-where an error rate is a fraction (``0.2``) or a percentage string (``"20%"``), and stall windows are
-``{"stall": "500ms/5s"}``.
+The rules and the text they are written in (``hedgepub serve --fault``, ``--faults-file``) are in
+:mod:`._fault_rules`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-import math
 import os
 import random
-import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -64,696 +47,16 @@ import grpc
 import grpc.aio
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
-from hedgepub._status import StatusCode
-from hedgepub.server._front import REST_CLIENT_METADATA, client_peer
+from hedgepub.server._fault_counts import FaultCounts, MutableCounts
+from hedgepub.server._fault_delays import StallWindows
+from hedgepub.server._fault_rules import FaultRule, parse_fault_spec, read_faults_file
+from hedgepub.server._handlers import as_async_iterator, behavior_of, rebuilt, unimplemented_handler
+from hedgepub.server._methods import SHORT_NAMES, WILDCARD, resolve_method, short_name
+from hedgepub.server._request_log import REQUEST_LOG, log_request
 
-__all__ = [
-    "METHODS",
-    "WILDCARD",
-    "FaultCounts",
-    "FaultInjector",
-    "FaultRule",
-    "LatencyBucket",
-    "LatencyMix",
-    "MethodFaultCounts",
-    "StallWindows",
-    "resolve_method",
-]
+__all__ = ["FaultInjector"]
 
 _log = logging.getLogger(__name__)
-#: Every request is logged here at debug level (``hedgepub -vv serve``); off, it costs one level check.
-_request_log = logging.getLogger("hedgepub.server.requests")
-
-# The RPC methods of the three services the server speaks, as in their .proto files. A test checks this
-# table against the descriptors shipped with google-cloud-pubsub and grpc-google-iam-v1.
-_SERVICES: Mapping[str, tuple[str, ...]] = {
-    "google.pubsub.v1.Publisher": (
-        "CreateTopic",
-        "UpdateTopic",
-        "Publish",
-        "GetTopic",
-        "ListTopics",
-        "ListTopicSubscriptions",
-        "ListTopicSnapshots",
-        "DeleteTopic",
-        "DetachSubscription",
-    ),
-    "google.pubsub.v1.Subscriber": (
-        "CreateSubscription",
-        "GetSubscription",
-        "UpdateSubscription",
-        "ListSubscriptions",
-        "DeleteSubscription",
-        "ModifyAckDeadline",
-        "Acknowledge",
-        "Pull",
-        "StreamingPull",
-        "ModifyPushConfig",
-        "GetSnapshot",
-        "ListSnapshots",
-        "CreateSnapshot",
-        "UpdateSnapshot",
-        "DeleteSnapshot",
-        "Seek",
-    ),
-    "google.iam.v1.IAMPolicy": ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions"),
-    "google.pubsub.v1.SchemaService": (
-        "CreateSchema",
-        "GetSchema",
-        "ListSchemas",
-        "ListSchemaRevisions",
-        "CommitSchema",
-        "RollbackSchema",
-        "DeleteSchemaRevision",
-        "DeleteSchema",
-        "ValidateSchema",
-        "ValidateMessage",
-    ),
-}
-
-#: Short method name -> full gRPC path, for every method a rule can target.
-METHODS: Mapping[str, str] = MappingProxyType(
-    {method: f"/{service}/{method}" for service, methods in _SERVICES.items() for method in methods}
-)
-_SHORT_NAMES: Mapping[str, str] = {path: short for short, path in METHODS.items()}
-# Only StreamingPull streams (in both directions); every other method is unary-unary.
-_STREAMING = frozenset({"StreamingPull"})
-
-#: The method name of a rule that applies to every method that has no rule of its own.
-WILDCARD = "*"
-
-_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
-_DURATION_RE = re.compile(rf"^{_NUMBER}\s*(us|µs|ms|s)$")
-_PERCENT_RE = re.compile(rf"^{_NUMBER}\s*%$")
-_UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
-# Sums of percentages such as 33.3% * 3 must not fail on float rounding.
-_TOLERANCE = 1e-9
-
-
-def resolve_method(name: str) -> str:
-    """Return the full gRPC path of a method given by short name or full path (``"*"`` stays ``"*"``).
-
-    Raises ``ValueError`` listing the valid names when ``name`` is none of them.
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"method must be a str; got {type(name).__name__} {name!r}")
-    stripped = name.strip()
-    if stripped == WILDCARD:
-        return WILDCARD
-    if stripped in METHODS:
-        return METHODS[stripped]
-    if stripped in _SHORT_NAMES:
-        return stripped
-    raise ValueError(
-        f"unknown RPC method {name!r}; valid methods are {WILDCARD!r} (all), "
-        + ", ".join(METHODS)
-        + " (or their full paths, such as '/google.pubsub.v1.Publisher/Publish')"
-    )
-
-
-def _short_name(path: str) -> str:
-    return _SHORT_NAMES.get(path, path)
-
-
-def _parse_duration(text: str) -> float:
-    match = _DURATION_RE.match(text.strip())
-    if match is None:
-        raise ValueError(
-            f"bad duration {text.strip()!r}: expected a number followed by us, ms or s, "
-            "such as '5ms' or '1.5s'"
-        )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def _parse_percent(text: str) -> float:
-    match = _PERCENT_RE.match(text.strip())
-    if match is None:
-        raise ValueError(f"bad percentage {text.strip()!r}: expected a number followed by %, such as '20%'")
-    return float(match.group(1)) / 100.0
-
-
-def _format_duration(seconds: float) -> str:
-    if seconds == 0:
-        return "0ms"
-    if seconds >= 1:
-        return f"{seconds:.6g}s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.6g}ms"
-    return f"{seconds * 1e6:.6g}us"
-
-
-def _format_percent(probability: float) -> str:
-    return f"{probability * 100:.6g}%"
-
-
-def _probability(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{name} must be a probability as an int or float; got {type(value).__name__} {value!r}"
-        )
-    probability = float(value)
-    if math.isnan(probability) or not 0.0 < probability <= 1.0:
-        raise ValueError(f"{name} must be a probability in (0, 1]; got {value!r}")
-    return probability
-
-
-@dataclass(frozen=True)
-class LatencyBucket:
-    """One weighted delay of a :class:`LatencyMix`: ``probability`` of the calls wait ``delay`` seconds."""
-
-    probability: float
-    delay: float
-
-    def __str__(self) -> str:
-        return f"{_format_percent(self.probability)}:{_format_duration(self.delay)}"
-
-
-class LatencyMix:
-    """Weighted delays: each call waits the delay of one bucket, drawn by the buckets' probabilities.
-
-    Build one from ``(probability, delay_seconds)`` pairs, ``LatencyMix([(0.95, 0.005), (0.05, 0.3)])``,
-    or from text, ``LatencyMix.parse("95%:5ms,4%:300ms,1%:4s")``. Probabilities add up to at most 1;
-    the remainder of the calls gets no delay. Immutable, comparable and hashable.
-    """
-
-    __slots__ = ("_buckets", "_cumulative")
-
-    def __init__(self, buckets: Iterable[tuple[float, float] | LatencyBucket]) -> None:
-        checked: list[LatencyBucket] = []
-        for index, bucket in enumerate(buckets):
-            if isinstance(bucket, LatencyBucket):
-                probability, delay = bucket.probability, bucket.delay
-            else:
-                try:
-                    probability, delay = bucket
-                except (TypeError, ValueError):
-                    raise TypeError(
-                        f"latency bucket {index} must be a (probability, delay_seconds) pair; got {bucket!r}"
-                    ) from None
-            probability = _probability(f"latency bucket {index} probability", probability)
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)):
-                raise TypeError(
-                    f"latency bucket {index} delay must be seconds as an int or float; "
-                    f"got {type(delay).__name__} {delay!r}"
-                )
-            if math.isnan(delay) or math.isinf(delay) or delay < 0:
-                raise ValueError(f"latency bucket {index} delay must be finite seconds >= 0; got {delay!r}")
-            checked.append(LatencyBucket(probability, float(delay)))
-        if not checked:
-            raise ValueError("a latency mix needs at least one bucket, such as '100%:5ms'")
-        total = math.fsum(bucket.probability for bucket in checked)
-        if total > 1.0 + _TOLERANCE:
-            raise ValueError(
-                f"latency mix probabilities add up to {_format_percent(total)}, more than 100%: "
-                + ",".join(str(bucket) for bucket in checked)
-            )
-        self._buckets = tuple(checked)
-        cumulative: list[float] = []
-        running = 0.0
-        for bucket in checked:
-            running += bucket.probability
-            cumulative.append(running)
-        self._cumulative = tuple(cumulative)
-
-    @classmethod
-    def parse(cls, spec: str) -> LatencyMix:
-        """Parse ``"95%:5ms,4%:300ms,1%:4s"``; a lone duration (``"50ms"``) means 100% of the calls."""
-        if not isinstance(spec, str):
-            raise TypeError(f"a latency mix spec must be a str; got {type(spec).__name__} {spec!r}")
-        if not spec.strip():
-            raise ValueError("empty latency mix: expected buckets such as '95%:5ms,5%:300ms'")
-        parts = [part.strip() for part in spec.split(",")]
-        if len(parts) == 1 and ":" not in parts[0] and "%" not in parts[0]:
-            return cls([(1.0, _parse_duration(parts[0]))])
-        buckets: list[tuple[float, float]] = []
-        for part in parts:
-            percent, separator, duration = part.partition(":")
-            if not separator:
-                raise ValueError(
-                    f"bad latency bucket {part!r} in {spec!r}: expected PERCENT:DURATION, such as '95%:5ms'"
-                )
-            try:
-                buckets.append((_parse_percent(percent), _parse_duration(duration)))
-            except ValueError as error:
-                raise ValueError(f"bad latency bucket {part!r} in {spec!r}: {error}") from None
-        try:
-            return cls(buckets)
-        except ValueError as error:
-            raise ValueError(f"bad latency mix {spec!r}: {error}") from None
-
-    @classmethod
-    def constant(cls, delay: float) -> LatencyMix:
-        """Every call waits ``delay`` seconds."""
-        return cls([(1.0, delay)])
-
-    @property
-    def buckets(self) -> tuple[LatencyBucket, ...]:
-        """The buckets as given (without the no-delay remainder)."""
-        return self._buckets
-
-    @property
-    def no_delay_probability(self) -> float:
-        """The share of calls that get no added delay (the remainder below 100%)."""
-        return max(0.0, 1.0 - self._cumulative[-1])
-
-    def sample(self, rng: random.Random) -> float:
-        """Draw one delay in seconds (``0.0`` for the no-delay remainder)."""
-        draw = rng.random()
-        for bucket, upper in zip(self._buckets, self._cumulative, strict=True):
-            if draw < upper:
-                return bucket.delay
-        return 0.0
-
-    def __str__(self) -> str:
-        if len(self._buckets) == 1 and self._buckets[0].probability == 1.0:
-            return _format_duration(self._buckets[0].delay)
-        return ",".join(str(bucket) for bucket in self._buckets)
-
-    def __repr__(self) -> str:
-        return f"LatencyMix.parse({str(self)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, LatencyMix):
-            return NotImplemented
-        return self._buckets == other._buckets
-
-    def __hash__(self) -> int:
-        return hash(self._buckets)
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be seconds as an int or float; got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"{name} must be finite seconds; got {value!r}")
-    return seconds
-
-
-class StallWindows:
-    """Correlated stalls: a window of ``stall`` seconds every ``period`` seconds.
-
-    Every call that arrives inside a window waits until the window ends, then goes on; calls between
-    windows are not touched. ``StallWindows(0.5, 5.0)`` stalls 10% of the time, half a second at a time;
-    ``StallWindows.parse("500ms/5s")`` is the same. ``phase`` (seconds, ``0 <= phase < period``) is when
-    in each period the window opens, counted from the injector's time origin; ``None`` leaves it to the
-    injector's seed. Immutable, comparable and hashable.
-    """
-
-    __slots__ = ("_period", "_phase", "_stall")
-
-    def __init__(self, stall: float, period: float, phase: float | None = None) -> None:
-        stall = _seconds("stall", stall)
-        period = _seconds("stall period", period)
-        if not 0 < stall < period:
-            raise ValueError(
-                "a stall window must last more than 0 s and less than its period; got "
-                f"{_format_duration(stall)} every {_format_duration(period)}"
-            )
-        if phase is not None:
-            phase = _seconds("stall phase", phase)
-            if not 0 <= phase < period:
-                raise ValueError(
-                    f"stall phase must be in [0, period) = [0, {_format_duration(period)}); got {phase!r}"
-                )
-        self._stall = stall
-        self._period = period
-        self._phase = phase
-
-    @classmethod
-    def parse(cls, spec: str) -> StallWindows:
-        """Parse ``"500ms/5s"`` (phase from the seed) or ``"500ms/5s@1.2s"`` (open 1.2 s into each period)."""
-        if not isinstance(spec, str):
-            raise TypeError(f"a stall spec must be a str; got {type(spec).__name__} {spec!r}")
-        windows, at, phase = spec.partition("@")
-        stall, slash, period = windows.partition("/")
-        if not slash or (at and not phase.strip()):
-            raise ValueError(
-                f"bad stall windows {spec.strip()!r}: expected STALL/PERIOD[@PHASE], such as '500ms/5s'"
-            )
-        try:
-            return cls(
-                _parse_duration(stall), _parse_duration(period), _parse_duration(phase) if at else None
-            )
-        except ValueError as error:
-            raise ValueError(f"bad stall windows {spec.strip()!r}: {error}") from None
-
-    @property
-    def stall(self) -> float:
-        """How long each window lasts, in seconds."""
-        return self._stall
-
-    @property
-    def period(self) -> float:
-        """Seconds from the opening of one window to the next."""
-        return self._period
-
-    @property
-    def phase(self) -> float | None:
-        """Seconds into each period at which the window opens; ``None``: drawn from the injector's seed."""
-        return self._phase
-
-    def wait(self, elapsed: float, phase: float) -> float:
-        """How long a call arriving ``elapsed`` seconds after the origin waits, with windows at ``phase``."""
-        into_period = (elapsed - phase) % self._period
-        return self._stall - into_period if into_period < self._stall else 0.0
-
-    def __str__(self) -> str:
-        text = f"{_format_duration(self._stall)}/{_format_duration(self._period)}"
-        return text if self._phase is None else f"{text}@{_format_duration(self._phase)}"
-
-    def __repr__(self) -> str:
-        return f"StallWindows.parse({str(self)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, StallWindows):
-            return NotImplemented
-        return (self._stall, self._period, self._phase) == (other._stall, other._period, other._phase)
-
-    def __hash__(self) -> int:
-        return hash((self._stall, self._period, self._phase))
-
-
-def _status_code(value: object) -> StatusCode:
-    """A StatusCode from a StatusCode, grpc.StatusCode, int or (case-insensitive) name."""
-    if isinstance(value, StatusCode):
-        code = value
-    elif isinstance(value, grpc.StatusCode):
-        code = StatusCode(value.value[0])
-    elif isinstance(value, str):
-        try:
-            code = StatusCode[value.strip().upper()]
-        except KeyError:
-            names = ", ".join(code.name for code in StatusCode if code is not StatusCode.OK)
-            raise ValueError(f"unknown status code {value!r}; valid codes are {names}") from None
-    elif isinstance(value, int) and not isinstance(value, bool):
-        try:
-            code = StatusCode(value)
-        except ValueError:
-            raise ValueError(f"unknown status code number {value!r}; valid numbers are 1..16") from None
-    else:
-        raise TypeError(
-            f"a status code must be a StatusCode, name or number; got {type(value).__name__} {value!r}"
-        )
-    if code is StatusCode.OK:
-        raise ValueError("OK is not an error and cannot be injected; use a code such as UNAVAILABLE")
-    return code
-
-
-class FaultRule:
-    """What to do to the calls of one method: stall windows, a latency mix and error rates by status code.
-
-    ``FaultRule(latency="95%:5ms,5%:300ms", errors={StatusCode.UNAVAILABLE: 0.2})``. The latency is a
-    :class:`LatencyMix` or its text; error rates are probabilities in (0, 1] adding up to at most 1,
-    keyed by :class:`~hedgepub.StatusCode` (or ``grpc.StatusCode``, or a code's name); ``stall`` is a
-    :class:`StallWindows` or its text (``"500ms/5s"``). Immutable, comparable and hashable;
-    ``FaultRule.parse`` reads the ``--fault`` text form.
-    """
-
-    __slots__ = ("_errors", "_latency", "_stall")
-
-    def __init__(
-        self,
-        latency: LatencyMix | str | None = None,
-        errors: Mapping[Any, float] | None = None,
-        stall: StallWindows | str | None = None,
-    ) -> None:
-        if isinstance(stall, str):
-            stall = StallWindows.parse(stall)
-        elif stall is not None and not isinstance(stall, StallWindows):
-            raise TypeError(
-                f"stall must be a StallWindows, its text or None; got {type(stall).__name__} {stall!r}"
-            )
-        self._stall: StallWindows | None = stall
-        if isinstance(latency, str):
-            latency = LatencyMix.parse(latency)
-        elif latency is not None and not isinstance(latency, LatencyMix):
-            raise TypeError(
-                f"latency must be a LatencyMix, its text or None; got {type(latency).__name__} {latency!r}"
-            )
-        if errors is None:
-            errors = {}
-        if not isinstance(errors, Mapping):
-            raise TypeError(f"errors must be a mapping of status code to probability; got {errors!r}")
-        rates: dict[StatusCode, float] = {}
-        for key, rate in errors.items():
-            code = _status_code(key)
-            rates[code] = _probability(f"error rate of {code.name}", rate)
-        total = math.fsum(rates.values())
-        if total > 1.0 + _TOLERANCE:
-            raise ValueError(f"error rates add up to {_format_percent(total)}, more than 100%")
-        self._latency: LatencyMix | None = latency
-        self._errors: Mapping[StatusCode, float] = MappingProxyType(dict(sorted(rates.items())))
-
-    @property
-    def latency(self) -> LatencyMix | None:
-        """The latency mix, or ``None`` for no added delay."""
-        return self._latency
-
-    @property
-    def errors(self) -> Mapping[StatusCode, float]:
-        """Error probability by status code (read-only)."""
-        return self._errors
-
-    @property
-    def stall(self) -> StallWindows | None:
-        """The stall windows, or ``None`` for none."""
-        return self._stall
-
-    @property
-    def error_probability(self) -> float:
-        """The probability that a call gets an injected error."""
-        return math.fsum(self._errors.values())
-
-    @classmethod
-    def parse(cls, spec: str) -> FaultRule:
-        """Parse a ``--fault`` spec's rule (after ``METHOD:``), such as ``latency=5ms;error=INTERNAL:1%``."""
-        if not isinstance(spec, str):
-            raise TypeError(f"a fault rule spec must be a str; got {type(spec).__name__} {spec!r}")
-        latency: LatencyMix | None = None
-        stall: StallWindows | None = None
-        errors: dict[StatusCode, float] = {}
-        clauses = [clause.strip() for clause in spec.split(";") if clause.strip()]
-        if not clauses:
-            raise ValueError(
-                "empty fault rule: expected 'latency=MIX', 'error=CODE:P%' and/or 'stall=STALL/PERIOD'"
-            )
-        for clause in clauses:
-            key, separator, value = clause.partition("=")
-            key = key.strip().lower()
-            if not separator or not value.strip():
-                raise ValueError(
-                    f"bad fault clause {clause!r}: "
-                    "expected 'latency=MIX', 'error=CODE:P%' or 'stall=STALL/PERIOD'"
-                )
-            if key == "stall":
-                if stall is not None:
-                    raise ValueError(f"stall given twice in {spec!r}")
-                stall = StallWindows.parse(value)
-            elif key == "latency":
-                if latency is not None:
-                    raise ValueError(f"latency given twice in {spec!r}")
-                latency = LatencyMix.parse(value)
-            elif key in ("error", "errors"):
-                for item in value.split(","):
-                    name, colon, percent = item.strip().partition(":")
-                    if not colon:
-                        raise ValueError(
-                            f"bad error rate {item.strip()!r}: expected CODE:PERCENT, "
-                            "such as 'UNAVAILABLE:20%'"
-                        )
-                    code = _status_code(name)
-                    if code in errors:
-                        raise ValueError(f"error rate of {code.name} given twice in {spec!r}")
-                    errors[code] = _parse_percent(percent)
-            else:
-                raise ValueError(
-                    f"unknown fault kind {key!r} in {clause!r}: expected 'latency', 'error' or 'stall'"
-                )
-        return cls(latency=latency, errors=errors, stall=stall)
-
-    @classmethod
-    def from_json(cls, value: object) -> FaultRule:
-        """Build a rule from its JSON form: ``{"latency": "95%:5ms,...", "errors": {"UNAVAILABLE": 0.2}}``.
-
-        Stall windows are ``"stall": "500ms/5s"``.
-        """
-        if not isinstance(value, Mapping):
-            raise ValueError(
-                f"a fault rule must be a JSON object with 'latency', 'errors' and/or 'stall'; got {value!r}"
-            )
-        unknown = set(value) - {"latency", "errors", "stall"}
-        if unknown:
-            raise ValueError(
-                f"unknown fault rule keys {sorted(unknown)}: expected 'latency', 'errors' and/or 'stall'"
-            )
-        latency = value.get("latency")
-        if latency is not None and not isinstance(latency, str):
-            raise ValueError(f"'latency' must be a string such as '95%:5ms,5%:300ms'; got {latency!r}")
-        stall = value.get("stall")
-        if stall is not None and not isinstance(stall, str):
-            raise ValueError(f"'stall' must be a string such as '500ms/5s'; got {stall!r}")
-        raw_errors = value.get("errors") or {}
-        if not isinstance(raw_errors, Mapping):
-            raise ValueError(f"'errors' must be an object of code name to rate; got {raw_errors!r}")
-        errors = {
-            name: _parse_percent(rate) if isinstance(rate, str) else rate for name, rate in raw_errors.items()
-        }
-        return cls(latency=latency, errors=errors, stall=stall)
-
-    def merged(self, other: FaultRule) -> FaultRule:
-        """This rule updated by ``other``: its latency and stall (if set) replace ours; errors are added."""
-        return FaultRule(
-            latency=other.latency if other.latency is not None else self.latency,
-            errors={**self._errors, **other.errors},
-            stall=other.stall if other.stall is not None else self.stall,
-        )
-
-    def _draw_error(self, rng: random.Random) -> StatusCode | None:
-        if not self._errors:
-            return None
-        draw = rng.random()
-        upper = 0.0
-        for code, rate in self._errors.items():
-            upper += rate
-            if draw < upper:
-                return code
-        return None
-
-    def __str__(self) -> str:
-        clauses = []
-        if self._stall is not None:
-            clauses.append(f"stall={self._stall}")
-        if self._latency is not None:
-            clauses.append(f"latency={self._latency}")
-        if self._errors:
-            clauses.append(
-                "error="
-                + ",".join(f"{code.name}:{_format_percent(rate)}" for code, rate in self._errors.items())
-            )
-        return ";".join(clauses)
-
-    def __repr__(self) -> str:
-        return f"FaultRule.parse({str(self)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FaultRule):
-            return NotImplemented
-        return (
-            self._latency == other._latency
-            and dict(self._errors) == dict(other._errors)
-            and self._stall == other._stall
-        )
-
-    def __hash__(self) -> int:
-        return hash((self._latency, tuple(self._errors.items()), self._stall))
-
-
-@dataclass(frozen=True)
-class MethodFaultCounts:
-    """What the injector did to one method's calls (a snapshot)."""
-
-    #: Calls that met a rule (calls of methods without a rule are not counted).
-    calls: int = 0
-    #: Injected delays by their length in seconds (draws of the no-delay remainder are not counted).
-    delays: Mapping[float, int] = field(default_factory=dict)
-    #: Injected errors by status code.
-    errors: Mapping[StatusCode, int] = field(default_factory=dict)
-    #: Calls cancelled by their client (or past their deadline) during an injected delay or stall.
-    cancelled_during_delay: int = 0
-    #: Calls that arrived in a stall window and were held until it ended.
-    stalled: int = 0
-
-    @property
-    def delayed(self) -> int:
-        """Calls that got an injected delay."""
-        return sum(self.delays.values())
-
-    @property
-    def failed(self) -> int:
-        """Calls answered with an injected error."""
-        return sum(self.errors.values())
-
-
-class FaultCounts(Mapping[str, MethodFaultCounts]):
-    """Snapshot of injected events, by short method name.
-
-    Indexing accepts a short name or a full path, and gives zero counts for a valid method that saw no
-    rule; iteration lists only the methods that did.
-    """
-
-    def __init__(self, by_method: Mapping[str, MethodFaultCounts]) -> None:
-        self._by_method = dict(by_method)
-
-    def __getitem__(self, method: str) -> MethodFaultCounts:
-        path = resolve_method(method)
-        if path == WILDCARD:
-            raise KeyError("counts are kept per method; '*' is not a method")
-        return self._by_method.get(_short_name(path), MethodFaultCounts())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_method)
-
-    def __len__(self) -> int:
-        return len(self._by_method)
-
-    @property
-    def calls(self) -> int:
-        """Calls that met a rule, over all methods."""
-        return sum(counts.calls for counts in self._by_method.values())
-
-    @property
-    def delayed(self) -> int:
-        """Injected delays over all methods."""
-        return sum(counts.delayed for counts in self._by_method.values())
-
-    @property
-    def failed(self) -> int:
-        """Injected errors over all methods."""
-        return sum(counts.failed for counts in self._by_method.values())
-
-    @property
-    def stalled(self) -> int:
-        """Calls held by a stall window, over all methods."""
-        return sum(counts.stalled for counts in self._by_method.values())
-
-    def __repr__(self) -> str:
-        return f"FaultCounts({self._by_method!r})"
-
-
-class _MutableCounts:
-    __slots__ = ("calls", "cancelled_during_delay", "delays", "errors", "stalled")
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.delays: dict[float, int] = {}
-        self.errors: dict[StatusCode, int] = {}
-        self.cancelled_during_delay = 0
-        self.stalled = 0
-
-    def freeze(self) -> MethodFaultCounts:
-        return MethodFaultCounts(
-            calls=self.calls,
-            delays=MappingProxyType(dict(sorted(self.delays.items()))),
-            errors=MappingProxyType(dict(sorted(self.errors.items()))),
-            cancelled_during_delay=self.cancelled_during_delay,
-            stalled=self.stalled,
-        )
-
-
-# The gRPC handler constructors by (request_streaming, response_streaming).
-_HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
-}
-
-
-def _behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
-    if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary
 
 
 class FaultInjector(grpc.aio.ServerInterceptor):
@@ -782,7 +85,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         self._stall_fraction = _stall_fraction(seed)
         # Replaced, never mutated, so the interceptor reads it without taking the lock.
         self._rules: Mapping[str, FaultRule] = {}
-        self._counts: dict[str, _MutableCounts] = {}
+        self._counts: dict[str, MutableCounts] = {}
         for method, rule in (rules or {}).items():
             self.set(method, rule)
 
@@ -805,7 +108,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
             else:
                 rules[path] = rule
             self._rules = rules
-        _log.info("fault rule for %s: %s", _short_name(path), rule if rule is not None else "none")
+        _log.info("fault rule for %s: %s", short_name(path), rule if rule is not None else "none")
 
     def get(self, method: str) -> FaultRule | None:
         """The rule set for ``method`` itself (not the ``"*"`` rule it may fall back to), or ``None``."""
@@ -836,7 +139,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
     @property
     def rules(self) -> Mapping[str, FaultRule]:
         """The rules in force, by short method name (``"*"`` for the catch-all)."""
-        return MappingProxyType({_short_name(path): rule for path, rule in self._rules.items()})
+        return MappingProxyType({short_name(path): rule for path, rule in self._rules.items()})
 
     @property
     def counts(self) -> FaultCounts:
@@ -860,11 +163,11 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         """
         rules: dict[str, FaultRule] = {}
         if faults_file is not None:
-            rules.update(_read_faults_file(faults_file))
+            rules.update(read_faults_file(faults_file))
         if isinstance(specs, str):
             specs = [specs]
         for spec in specs:
-            method, rule = _parse_fault_spec(spec)
+            method, rule = parse_fault_spec(spec)
             rules[method] = rules[method].merged(rule) if method in rules else rule
         return cls(rules, seed=seed, clock=clock)
 
@@ -884,22 +187,22 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         path = handler_call_details.method
         rules = self._rules
         rule = rules.get(path) if rules else None
-        if rule is None and rules and path in _SHORT_NAMES:
+        if rule is None and rules and path in SHORT_NAMES:
             rule = rules.get(WILDCARD)
-        log_requests = _request_log.isEnabledFor(logging.DEBUG)
+        log_requests = REQUEST_LOG.isEnabledFor(logging.DEBUG)
         if rule is None and not log_requests:
             return handler
         if handler is None:
-            if rule is None or path not in _SHORT_NAMES:
+            if rule is None or path not in SHORT_NAMES:
                 return handler
             # The server does not implement this method; the fault still applies, then UNIMPLEMENTED.
-            handler = _unimplemented_handler(_short_name(path))
-        return self._wrap(handler, _short_name(path), rule, log_requests)
+            handler = unimplemented_handler(short_name(path))
+        return self._wrap(handler, short_name(path), rule, log_requests)
 
     def _wrap(
         self, handler: grpc.RpcMethodHandler, name: str, rule: FaultRule | None, log_requests: bool
     ) -> grpc.RpcMethodHandler:
-        behavior = _behavior_of(handler)
+        behavior = behavior_of(handler)
         inject = self._inject
 
         async def before(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -916,7 +219,7 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                         await behavior(request, context)
                     finally:
                         if log_requests:
-                            _log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started)
 
             else:
 
@@ -924,11 +227,11 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     started = self._clock.now()
                     try:
                         await before(request, context)
-                        async for response in _as_async_iterator(behavior(request, context)):
+                        async for response in as_async_iterator(behavior(request, context)):
                             yield response
                     finally:
                         if log_requests:
-                            _log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started)
 
         else:
 
@@ -942,20 +245,15 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     return result
                 finally:
                     if log_requests:
-                        _log_request(name, context, self._clock.now() - started)
+                        log_request(name, context, self._clock.now() - started)
 
-        factory = _HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
-        return factory(
-            wrapped,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return rebuilt(handler, wrapped)
 
     async def _inject(self, name: str, rule: FaultRule, context: grpc.aio.ServicerContext) -> None:
         with self._lock:
             counts = self._counts.get(name)
             if counts is None:
-                counts = self._counts[name] = _MutableCounts()
+                counts = self._counts[name] = MutableCounts()
             counts.calls += 1
             stall = 0.0
             if rule.stall is not None:
@@ -1007,76 +305,3 @@ def _stall_fraction(seed: int | None) -> float:
     depend on the order rules were set in.
     """
     return random.Random(None if seed is None else f"hedgepub-stall-{seed}").random()
-
-
-async def _as_async_iterator(responses: Any) -> AsyncIterator[Any]:
-    if inspect.isawaitable(responses):
-        responses = await responses
-    if responses is None:
-        return
-    if hasattr(responses, "__aiter__"):
-        async for response in responses:
-            yield response
-    else:
-        for response in responses:
-            yield response
-
-
-def _unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
-    async def unimplemented(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
-
-    if name in _STREAMING:
-
-        async def unimplemented_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
-
-        return grpc.stream_stream_rpc_method_handler(unimplemented_stream)
-    return grpc.unary_unary_rpc_method_handler(unimplemented)
-
-
-def _log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
-    code = context.code()
-    status = "OK" if code is None else getattr(code, "name", str(code))
-    _request_log.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, _peer(context))
-
-
-def _peer(context: grpc.aio.ServicerContext) -> str:
-    """Who made the call: a REST call's HTTP client, a relayed gRPC call's client, or the peer itself."""
-    for key, value in context.invocation_metadata() or ():
-        if key == REST_CLIENT_METADATA:
-            return f"{value} over REST"
-    return client_peer(context.peer())
-
-
-def _parse_fault_spec(spec: str) -> tuple[str, FaultRule]:
-    """``"Publish:latency=5ms;error=UNAVAILABLE:20%"`` -> (full path, rule)."""
-    if not isinstance(spec, str):
-        raise TypeError(f"a fault spec must be a str; got {type(spec).__name__} {spec!r}")
-    method, separator, rule_text = spec.partition(":")
-    if not separator or not rule_text.strip():
-        raise ValueError(
-            f"bad fault spec {spec!r}: expected METHOD:latency=MIX and/or METHOD:error=CODE:P%, "
-            "such as 'Publish:latency=95%:5ms,5%:300ms' or 'Publish:error=UNAVAILABLE:20%'"
-        )
-    try:
-        return resolve_method(method), FaultRule.parse(rule_text)
-    except ValueError as error:
-        raise ValueError(f"bad fault spec {spec!r}: {error}") from None
-
-
-def _read_faults_file(path: str | os.PathLike[str]) -> dict[str, FaultRule]:
-    try:
-        with open(path, encoding="utf-8") as file:
-            document = json.load(file)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"faults file {os.fspath(path)!r} is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise ValueError(f"faults file {os.fspath(path)!r} must hold a JSON object of method -> rule")
-    rules: dict[str, FaultRule] = {}
-    for method, value in document.items():
-        try:
-            rules[resolve_method(method)] = FaultRule.from_json(value)
-        except ValueError as error:
-            raise ValueError(f"faults file {os.fspath(path)!r}, method {method!r}: {error}") from None
-    return rules
