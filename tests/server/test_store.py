@@ -195,6 +195,23 @@ async def test_delivery_attempts_are_kept_on_references(stores: tuple[Store, Reo
     assert store.attempts(SUBSCRIPTIONS[0], 0, 5) == {}
 
 
+async def test_subscription_activity_is_kept_until_the_subscription_goes(
+    stores: tuple[Store, Reopen],
+) -> None:
+    store, reopen = stores
+    await subscribe(store, *SUBSCRIPTIONS)
+    unknown = "projects/p/subscriptions/unknown"
+    await store.put_activity([(SUBSCRIPTIONS[0], 10), (SUBSCRIPTIONS[1], 20), (unknown, 30)])
+    await store.put_activity([(SUBSCRIPTIONS[0], 40)])  # replaces
+    store = await reopen()
+    assert store.load().activity == {SUBSCRIPTIONS[0]: 40, SUBSCRIPTIONS[1]: 20}
+    await store.delete("subscriptions", SUBSCRIPTIONS[1])
+    store = await reopen()
+    assert store.load().activity == {SUBSCRIPTIONS[0]: 40}
+    await store.clear()
+    assert (await reopen()).load().activity == {}
+
+
 async def test_concurrent_writes_all_commit(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])

@@ -37,7 +37,7 @@ from hedgepub.server._delivery import (
     SubscriptionState,
     dead_letter_copy,
 )
-from hedgepub.server._expiration import ExpirationWatch
+from hedgepub.server._expiration import RECORD_EVERY, ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
 from hedgepub.server._push import PushDispatcher
 from hedgepub.server._replay import Replay
@@ -86,7 +86,9 @@ class PubSubCore:
         self._attempts_due: dict[str, dict[int, int]] = {}
         self._attempts_writes: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._expiration = ExpirationWatch(clock, self._expire_subscription)
+        self._expiration = ExpirationWatch(clock, self._expire_subscription, self._record_activity)
+        #: Subscriptions' activity to record (name -> ns since the epoch), written once per loop step.
+        self._activity_due: dict[str, int] = {}
         #: Snapshots, Seek and retention.
         self.replay = Replay(
             store,
@@ -116,11 +118,12 @@ class PubSubCore:
         self._next_sequence = snapshot.next_sequence
         self._subscriptions = {}
         self._attached = {}
+        now_ns = self.wall_clock_ns()
         for name, config in snapshot.subscriptions.items():
             state = self._new_state(config)
             state.more = not config.detached  # its backlog, if any, is read when first needed
             self._subscriptions[name] = state
-            self._expiration.watch(config)
+            self._expiration.watch(config, self._idle_seconds(snapshot.activity.get(name), now_ns))
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
         self.replay.load(snapshot.snapshots, list(self._topics.values()))
@@ -133,6 +136,29 @@ class PubSubCore:
             if state.config.enable_exactly_once_delivery and not state.config.detached:
                 self._restore_leases(state)
             self.push.sync(name)
+
+    @staticmethod
+    def _idle_seconds(active_ns: int | None, now_ns: int) -> float:
+        """How long a subscription recorded active at ``active_ns`` has been inactive (at least): its last
+        activity may come up to ``RECORD_EVERY`` after the record, so the clock goes on from there. A
+        subscription without a record (an earlier hedgepub's data) starts its clock now."""
+        if active_ns is None:
+            return 0.0
+        return max(0.0, (now_ns - active_ns) / 1e9 - RECORD_EVERY)
+
+    def _record_activity(self, name: str) -> None:
+        """Expiration: record that ``name`` is active now; one store write per loop step for all."""
+        due = self._activity_due
+        if not due:
+            self._spawn(self._write_activity())
+        due[name] = self.wall_clock_ns()
+
+    async def _write_activity(self) -> None:
+        due, self._activity_due = self._activity_due, {}
+        try:
+            await self._store.put_activity(list(due.items()))
+        except Exception:  # the clock then goes on from an older record: a restart may expire it sooner
+            logger.exception("Recording the activity of %d subscriptions failed.", len(due))
 
     def _new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
@@ -148,6 +174,8 @@ class PubSubCore:
         self._leasing.close()
         self._expiration.close()
         self.replay.close()
+        if self._activity_due:  # before its task, which may not have started, is cancelled below
+            await self._write_activity()
         for task in list(self._background):
             task.cancel()
         if self._background:

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS refs (
     PRIMARY KEY (subscription, sequence)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counts (sequence INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS activity (subscription TEXT PRIMARY KEY, active_ns INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (
     subscription INTEGER NOT NULL,
     sequence INTEGER NOT NULL,
@@ -148,7 +149,8 @@ class SqliteStore:
         The first layout kept a ``pending`` row per (subscription name, sequence) and every message for
         good; the next one found a message's references through an index on ``refs (sequence)`` instead
         of ``counts``; the one after that had no ``attempts`` column in ``refs`` (its messages start
-        from no recorded attempt, as they did at every restart then).
+        from no recorded attempt, as they did at every restart then). Tables added since (``activity``)
+        need nothing here: the schema script creates them, empty.
         """
         columns = {row[1] for row in connection.execute("PRAGMA table_info(refs)")}
         if "attempts" not in columns:
@@ -216,6 +218,7 @@ class SqliteStore:
             "SELECT COALESCE(MAX(value), 1) FROM counters WHERE name = 'next_sequence'"
         ).fetchone()
         snapshot.next_sequence = max(last + 1, kept)
+        snapshot.activity = dict(connection.execute("SELECT subscription, active_ns FROM activity"))
         return snapshot
 
     def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
@@ -376,6 +379,8 @@ class SqliteStore:
 
         def operation(connection: sqlite3.Connection) -> None:
             connection.execute(f"DELETE FROM {kind} WHERE name = ?", (name,))
+            if kind == "subscriptions":
+                connection.execute("DELETE FROM activity WHERE subscription = ?", (name,))
             if identifier is not None:
                 _drop_holder(connection, identifier)
 
@@ -506,6 +511,22 @@ class SqliteStore:
         ).fetchall()
         return dict(rows)
 
+    async def put_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        """Record when subscriptions were last active (one small row each, rewritten at most about once a
+        minute by the core); names without a subscription row are skipped."""
+        rows = list(activity)
+        if not rows:
+            return
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.executemany(
+                "INSERT OR REPLACE INTO activity (subscription, active_ns) SELECT ?1, ?2 "
+                "WHERE EXISTS (SELECT 1 FROM subscriptions WHERE name = ?1)",
+                rows,
+            )
+
+        await self._write(operation)
+
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search on ``messages`` by sequence, reading the publish time of each probe."""
         connection = self._reader
@@ -582,7 +603,7 @@ class SqliteStore:
 
         def operation(connection: sqlite3.Connection) -> None:
             _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-            for table in (*_TABLES, "refs", "counts", "leases", "subscription_ids", "messages"):
+            for table in (*_TABLES, "refs", "counts", "leases", "activity", "subscription_ids", "messages"):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation)

@@ -93,6 +93,8 @@ class Snapshot:
     snapshots: dict[str, Any] = field(default_factory=dict)
     #: the sequence number the next published message gets.
     next_sequence: int = 1
+    #: subscription name -> when it was last recorded active (ns since the epoch), for expiration.
+    activity: dict[str, int] = field(default_factory=dict)
 
 
 class Store(Protocol):
@@ -157,6 +159,12 @@ class Store(Protocol):
     def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
         """The counts recorded for the messages ``subscription`` references in ``(after, through]``
         (only those with a count)."""
+
+    # Expiration: when each subscription was last active, as recorded (coarsely) by the core.
+    async def put_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        """Record when subscriptions were last active (name, ns since the epoch), replacing earlier
+        records; names that are not subscriptions (any more) are skipped. Deleting a subscription
+        forgets its record; :meth:`load` returns them."""
 
     async def clear(self) -> None:
         """Delete everything."""
@@ -246,11 +254,12 @@ class MemoryStore:
         self._messages: dict[int, list[Any]] = {}
         self._references: dict[str, _References] = {}
         self._leases: dict[str, dict[int, tuple[int, str, int]]] = {}
+        self._activity: dict[str, int] = {}
         self._next_sequence = 1
 
     def load(self) -> Snapshot:
         """Return copies of the resources held."""
-        snapshot = Snapshot(next_sequence=self._next_sequence)
+        snapshot = Snapshot(next_sequence=self._next_sequence, activity=dict(self._activity))
         for kind, target in (
             ("topics", snapshot.topics),
             ("subscriptions", snapshot.subscriptions),
@@ -269,8 +278,10 @@ class MemoryStore:
             self._references.setdefault(name, _References())
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
-        """Drop the resource (and a subscription's references)."""
+        """Drop the resource (and a subscription's references and activity)."""
         self._resources[kind].pop(name, None)
+        if kind == "subscriptions":
+            self._activity.pop(name, None)
         if kind in HOLDING_KINDS:
             await self.release(name)
 
@@ -389,6 +400,13 @@ class MemoryStore:
             if sequence in recorded
         }
 
+    async def put_activity(self, activity: Sequence[tuple[str, int]]) -> None:
+        """Keep the records of existing subscriptions."""
+        subscriptions = self._resources["subscriptions"]
+        for name, active_ns in activity:
+            if name in subscriptions:
+                self._activity[name] = active_ns
+
     def first_sequence_at(self, publish_ns: int) -> int | None:
         """Binary search over the stored messages, which are in publish order."""
         entries = list(self._messages.items())
@@ -409,6 +427,7 @@ class MemoryStore:
         self._messages.clear()
         self._references.clear()
         self._leases.clear()
+        self._activity.clear()
 
     async def close(self) -> None:
         """Nothing to release."""
