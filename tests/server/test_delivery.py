@@ -329,6 +329,31 @@ def test_ended_deliveries_are_counted_in_the_store_and_read_back_by_a_new_core()
     run_virtual(scenario())
 
 
+def test_an_exactly_once_lease_restored_after_a_restart_keeps_its_delivery_count() -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        core = await make_dead_letter_core(store)
+        config = core.get_subscription(SUBSCRIPTION)
+        config.enable_exactly_once_delivery = True
+        await core.update_subscription(config, ["enable_exactly_once_delivery"])
+        await publish(core, b"poison")
+        for attempt in (1, 2):
+            (lease,) = await core.pull(SUBSCRIPTION, 1, 0)
+            assert lease.delivery_attempt == attempt
+            core.modify_ack_deadline(SUBSCRIPTION, [lease.ack_id], 0)
+        (held,) = await core.pull(SUBSCRIPTION, 1, 0)  # the third delivery, leased over the restart
+        await core.close()
+
+        core = PubSubCore(store)
+        core.load()  # the lease holds again: the third delivery, not a first one
+        assert await core.pull(SUBSCRIPTION, 1, 0) == []
+        core.modify_ack_deadline(SUBSCRIPTION, [held.ack_id], 0)
+        (again,) = await core.pull(SUBSCRIPTION, 1, 0)
+        assert again.delivery_attempt == 4
+
+    run_virtual(scenario())
+
+
 def test_the_dead_letter_copy_is_stored_before_the_source_ack(caplog: pytest.LogCaptureFixture) -> None:
     """A failure between the two writes can only duplicate the message, never lose it."""
 
