@@ -242,7 +242,8 @@ class PubSubServicer:
 
     async def ModifyAckDeadline(self, request: Any, context: Any) -> Any:
         self.core.modify_ack_deadline(request.subscription, request.ack_ids, request.ack_deadline_seconds)
-        await self.core.attempts_recorded()
+        if request.ack_deadline_seconds == 0:  # a nack: answered once its delivery count is stored
+            await self.core.attempts_recorded()
         return _Empty()
 
     async def StreamingPull(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
