@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -136,12 +136,14 @@ def test_stopping_the_server_closes_relayed_connections(relay: str, monkeypatch:
 
 
 def test_the_request_log_names_the_client_of_a_relayed_call(
-    server: LocalServer, caplog: pytest.LogCaptureFixture
+    server: LocalServer, caplog: pytest.LogCaptureFixture, wait_for: Callable[..., bool]
 ) -> None:
     publisher = pubsub_v1.PublisherClient()
     try:
         with caplog.at_level(logging.DEBUG, logger="hedgepub.server.requests"):
             publisher.create_topic(name=f"{PROJECT}/topics/logged")
+            # Logged when the handler ends, on the server's thread: maybe just after the client's answer.
+            wait_for(lambda: any(record.name == "hedgepub.server.requests" for record in caplog.records))
     finally:
         publisher.stop()
     [logged] = [record.getMessage() for record in caplog.records if record.name == "hedgepub.server.requests"]

@@ -23,7 +23,7 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -588,11 +588,14 @@ def test_iam_enforcement_applies_to_rest_calls() -> None:
 
 
 def test_fault_injection_and_request_logging_apply_to_rest_calls(
-    server: LocalServer, rest: Rest, caplog: pytest.LogCaptureFixture
+    server: LocalServer, rest: Rest, caplog: pytest.LogCaptureFixture, wait_for: Callable[..., bool]
 ) -> None:
     server.faults.set("GetTopic", "error=UNAVAILABLE:100%")
     with caplog.at_level(logging.DEBUG, logger="hedgepub.server.requests"):
         status, document = rest.request("GET", f"/v1/{PROJECT}/topics/anything")
+        # The server logs the call when its handler ends, on its own thread, which may be just after
+        # the answer reached the client.
+        wait_for(lambda: any(record.name == "hedgepub.server.requests" for record in caplog.records))
     assert (status, document) == (
         503,
         error(503, "UNAVAILABLE", "UNAVAILABLE injected on GetTopic by hedgepub fault injection"),
