@@ -518,17 +518,20 @@ class _PublisherCore:
             self._seal_held(batch)
 
     def _seal_held(self, batch: Batch) -> None:
-        """Holding ``batch.lock``: take it out of ``_open``, and seal it and queue it for the loop unless
-        it is sealed already.
+        """Holding ``batch.lock``: seal it and queue it for the loop unless it is sealed already, then take
+        it out of ``_open``.
 
-        Queued under the batch's lock: shutdown seals each open batch under its lock and then drains the
-        queue, so it finds a batch either sealed and queued already or still open (and seals it itself).
+        Queued under the batch's lock, and before it leaves ``_open``: shutdown seals each batch it finds
+        in ``_open`` under that batch's lock and then drains the queue, so a batch sealed by its own thread
+        at the same moment is either still in ``_open`` when shutdown looks (and shutdown waits for its
+        lock) or gone from it, and then queued already, before shutdown drains. (Taking it out first left
+        a moment when it was in neither, and a shutdown that looked then never sent it.)
         """
-        if self._open.get(batch.open_key) is batch:
-            self._open.pop(batch.open_key, None)
         if batch.state is BatchState.OPEN:
             batch.state = BatchState.SEALED
             self._events.append(batch)
+        if self._open.get(batch.open_key) is batch:
+            self._open.pop(batch.open_key, None)
 
     def _wakeup_needed(self) -> bool:
         """Whether the caller, who has just queued a batch in ``_events``, must wake the loop (at most one
