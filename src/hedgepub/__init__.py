@@ -27,9 +27,8 @@ from hedgepub._settings import (
 )
 from hedgepub._stats import EndpointStats, PublisherStats
 from hedgepub._status import StatusCode
+from hedgepub._version import __version__ as __version__
 from hedgepub.dedup import Deduplicator, DedupStats
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdaptiveDelay",

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics, trace
 
 from hedgepub._exceptions import PublishError, RpcError
+from hedgepub._version import __version__
 
 if TYPE_CHECKING:
     from hedgepub._batch import Batch
@@ -71,12 +72,6 @@ INSTRUMENTATION_NAME = "hedgepub"
 CONTEXT_ATTRIBUTE_PREFIX = "googclient_"
 TRACEPARENT_ATTRIBUTE = CONTEXT_ATTRIBUTE_PREFIX + "traceparent"
 _MESSAGING_SYSTEM = "gcp_pubsub"
-
-
-def _version() -> str:
-    from hedgepub import __version__
-
-    return __version__
 
 
 def _topic_parts(topic: str) -> tuple[str, str]:
@@ -229,8 +224,8 @@ class PublisherTelemetry:
         tracer_provider: Any = None,
         meter_provider: Any = None,
     ) -> None:
-        self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, _version(), tracer_provider=tracer_provider)
-        meter = metrics.get_meter(INSTRUMENTATION_NAME, _version(), meter_provider=meter_provider)
+        self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider=meter_provider)
         self.client_id = client_id
         self._attempts = meter.create_counter(
             "hedgepub.publish.attempts", unit="{attempt}", description="RPCs sent"
