@@ -60,11 +60,7 @@ def local_server() -> Iterator[str]:
     """
     from server_ingest import ServerProcess
 
-    class _GrpcOnly(ServerProcess):
-        def command(self) -> list[str]:
-            return [*super().command(), "--no-rest"]
-
-    server = _GrpcOnly("memory")
+    server = ServerProcess("memory", rest=False)
     server.start()
     try:
         os.environ["PUBSUB_EMULATOR_HOST"] = server.address  # official clients and child processes read it

@@ -34,6 +34,7 @@ from server_ingest import (
     ServerProcess,
     build_request,
     create_topic_and_subscriptions,
+    process_tree,
     publish_requests,
 )
 
@@ -44,13 +45,6 @@ KINDS: dict[str, tuple[bool, dict[str, str]]] = {
     "front": (True, {}),
     "front-loop": (True, {"HEDGEPUB_RELAY": "loop"}),
 }
-
-
-class _GrpcAloneServer(ServerProcess):
-    """``hedgepub serve --in-memory --no-rest``: gRPC on the public port, no front."""
-
-    def command(self) -> list[str]:
-        return [*super().command(), "--no-rest"]
 
 
 @dataclass(frozen=True)
@@ -67,14 +61,10 @@ def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of process ``pid`` and its children (the relay process), all threads, from
     /proc; None elsewhere."""
     total = 0.0
-    pids = [pid]
-    while pids:
-        current = pids.pop()
+    for current in process_tree(pid):
         try:
             with open(f"/proc/{current}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{current}/task/{current}/children") as children:
-                pids.extend(int(child) for child in children.read().split())
         except OSError:
             if current == pid:
                 return None
@@ -87,7 +77,7 @@ def _cpu_seconds(pid: int) -> float | None:
 def measure(kind: str, messages: int, publishers: int, batch: int, size: int) -> Sample:
     """Publish ``messages`` to a fresh in-memory server of ``kind`` (a key of :data:`KINDS`)."""
     rest, environment = KINDS[kind]
-    server = ServerProcess("memory", environment=environment) if rest else _GrpcAloneServer("memory")
+    server = ServerProcess("memory", environment=environment, rest=rest)
     server.start()
     try:
         assert server.process is not None

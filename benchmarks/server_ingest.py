@@ -69,11 +69,26 @@ def emulator_binary() -> Path | None:
     return candidate if candidate.exists() else None
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (Linux /proc; just ``pid`` where that is missing)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        pending.extend(int(child) for child in children)
+    return found
+
+
 class ServerProcess:
     """One server as a child process: ``hedgepub serve`` (SQLite or in memory) or Google's emulator.
 
     ``kind`` is "sqlite", "memory" or "emulator"; ``source`` runs ``hedgepub serve`` from another source
     tree (an older hedgepub). ``data_dir`` (SQLite) survives :meth:`kill`, so a restart reads it back.
+    ``rest=False`` serves gRPC alone on the port (``--no-rest``).
     """
 
     def __init__(
@@ -82,8 +97,10 @@ class ServerProcess:
         data_dir: Path | None = None,
         source: Path | None = None,
         environment: dict[str, str] | None = None,
+        rest: bool = True,
     ) -> None:
         self.kind = kind
+        self.rest = rest
         #: Variables set in the server's environment besides PYTHONPATH.
         self.environment = environment or {}
         self.data_dir = data_dir
@@ -105,6 +122,8 @@ class ServerProcess:
             return [str(binary), f"--host={HOST}", f"--port={self.port}"]
         command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
         command += ["--host", HOST, "--port", str(self.port)]
+        if not self.rest:
+            command.append("--no-rest")
         if self.kind == "memory":
             return [*command, "--in-memory"]
         assert self.data_dir is not None
@@ -153,18 +172,14 @@ class ServerProcess:
         """Resident memory of the server process now (its children too, for the emulator's JVM)."""
         assert self.process is not None
         total = 0
-        pids = [self.process.pid]
-        while pids:
-            pid = pids.pop()
+        for pid in process_tree(self.process.pid):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
-                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             except OSError:
                 continue
             for line in status.splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
-            pids.extend(int(child) for child in children)
         return total
 
     def kill(self) -> None:
