@@ -324,9 +324,12 @@ class OnePortFront:
 
     async def _relay_to_grpc(self, client: socket.socket) -> None:
         assert self._loop is not None
-        if self._relay_process is not None:
-            # An abstract unix name costs nothing and tells the gRPC face who the client is.
+        # Where the gRPC face is an abstract unix name, the relayed connection is bound to one too: it
+        # costs nothing and tells the gRPC face who the client is (see client_peer).
+        name = None
+        if isinstance(self._grpc_address, str) and self._grpc_address.startswith("\0"):
             name = f"{RELAYED_PEER_PREFIX}{peer_name(client.getpeername())}/{secrets.token_hex(4)}"
+        if self._relay_process is not None and name is not None:
             try:
                 self._relay_process.hand_over(client, self._grpc_address[1:], name)
                 return
@@ -341,10 +344,8 @@ class OnePortFront:
         upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         try:
-            if isinstance(self._grpc_address, str) and self._grpc_address.startswith("\0"):
-                # An abstract unix name costs nothing and tells the gRPC face who the client is.
-                client_name = peer_name(client.getpeername())
-                upstream.bind(f"\0{RELAYED_PEER_PREFIX}{client_name}/{secrets.token_hex(4)}")
+            if name is not None:
+                upstream.bind("\0" + name)
             await self._loop.sock_connect(upstream, self._grpc_address)
         except OSError as error:
             logger.warning("cannot reach the gRPC face at %r: %s", self._grpc_address, error)
