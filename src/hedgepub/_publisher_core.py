@@ -442,13 +442,7 @@ class _PublisherCore:
                 self._seal_locked(batch)
                 batch = None
             if batch is None:
-                batch = Batch(
-                    topic,
-                    ordering_key,
-                    f"{self._id_prefix}-{next(self._batch_numbers)}",
-                    self.sync_futures,
-                    open_key=key,
-                )
+                batch = self._new_batch(topic, ordering_key, key)
                 self._open[key] = batch
                 self._events.append(batch)  # to arm its latency timer
             with batch.lock:
@@ -479,9 +473,7 @@ class _PublisherCore:
             if old is not None:
                 with old.lock:
                     self._seal_held(old)
-            batch = Batch(
-                topic, "", f"{self._id_prefix}-{next(self._batch_numbers)}", self.sync_futures, open_key=key
-            )
+            batch = self._new_batch(topic, "", key)
             with batch.lock:
                 future = self._put(batch, data, message, size, framed)
                 if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
@@ -494,6 +486,11 @@ class _PublisherCore:
         if self._wakeup_needed():
             self._wake_loop()
         return future
+
+    def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
+        """An empty open batch, to be kept under ``key`` in ``_open``."""
+        batch_id = f"{self._id_prefix}-{next(self._batch_numbers)}"
+        return Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key)
 
     def add_admitted(
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
