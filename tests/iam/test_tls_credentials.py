@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import ipaddress
 import itertools
 import json
 import os
@@ -31,10 +30,6 @@ import google.oauth2.credentials
 import grpc
 import pytest
 from click.testing import CliRunner
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from google.pubsub_v1.types import pubsub
 
 from hedgepub import (
@@ -58,78 +53,6 @@ ADMIN_TOKEN = "t-admin"
 TOKEN_LIFETIME = datetime.timedelta(seconds=1.0)
 #: An attempt sent just before its token expires reaches the server a little later.
 IN_FLIGHT_GRACE = datetime.timedelta(seconds=0.2)
-
-
-@dataclass
-class Certificates:
-    """A throwaway CA and a server certificate it signed for 127.0.0.1 and localhost, as PEM files."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    directory = tmp_path_factory.mktemp("tls")
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("hedgepub test CA"))
-        .issuer_name(_name("hedgepub test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = Certificates(ca=directory / "ca.pem", cert=directory / "server.pem", key=directory / "server.key")
-    paths.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths.cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    paths.key.write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return paths
 
 
 @dataclass
@@ -206,9 +129,7 @@ class ExpiringTokenAuthorizer:
 
 
 @pytest.fixture
-def tls_server(
-    certificates: Certificates, tmp_path: Path
-) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
+def tls_server(certificates: Any, tmp_path: Path) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
     tokens = [f"t-publisher-{number}" for number in range(40)]
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(
@@ -239,7 +160,7 @@ def tls_server(
 
 
 def test_every_attempt_and_hedge_carries_a_fresh_token_over_tls(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
 ) -> None:
     server, authorizer = tls_server
     assert server.tls
@@ -291,7 +212,7 @@ def test_plain_text_cannot_reach_the_tls_port(
 
 
 def test_an_expired_token_that_cannot_be_refreshed_fails_at_once_with_a_clear_error(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
 ) -> None:
     server, authorizer = tls_server
     expired = google.auth._helpers.utcnow() - datetime.timedelta(minutes=1)  # naive UTC, as google-auth wants
@@ -326,7 +247,7 @@ def _create_topic(address: str, root_certificates: bytes, token: str) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="stops the server with SIGTERM")
-def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> None:
+def test_hedgepub_serve_with_tls_cert_and_key(certificates: Any) -> None:
     command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve", "--in-memory"]
     command += ["--port", "0", "--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -345,13 +266,13 @@ def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> Non
         assert process.wait(timeout=15) == 0
 
 
-def test_hedgepub_serve_needs_both_tls_files(certificates: Certificates) -> None:
+def test_hedgepub_serve_needs_both_tls_files(certificates: Any) -> None:
     result = CliRunner().invoke(main, ["serve", "--in-memory", "--tls-cert", str(certificates.cert)])
     assert result.exit_code == 2
     assert "--tls-cert and --tls-key go together" in result.output
 
 
-def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certificates) -> None:
+def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Any) -> None:
     iam = IamConfig({ADMIN_TOKEN: "user:admin@example.com"}, {"bindings": [ADMIN_BINDING]})
     with LocalServer(in_memory=True, iam=iam, tls_cert=certificates.cert, tls_key=certificates.key) as server:
         runner = CliRunner()
@@ -371,7 +292,7 @@ def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certif
 
 
 def test_the_toolbox_over_tls_without_a_token_sends_no_credentials(
-    certificates: Certificates, monkeypatch: pytest.MonkeyPatch
+    certificates: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No token: nothing is sent, as over plain text; Application Default Credentials are not looked up
     # (a lookup would fail the command: there are none here).
