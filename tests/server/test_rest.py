@@ -427,18 +427,35 @@ def test_paging_and_query_parameters(rest: Rest) -> None:
     assert (sorted(names), pages) == (["alpha", "bravo", "charlie"], 2)
 
 
-def test_iam_policy_over_rest(rest: Rest) -> None:
-    topic = f"{PROJECT}/topics/guarded"
-    rest.request("PUT", f"/v1/{topic}", {})
-    policy = {"bindings": [{"role": "roles/pubsub.publisher", "members": ["user:ann@example.com"]}]}
-    status, stored = rest.request("POST", f"/v1/{topic}:setIamPolicy", {"policy": policy})
+#: How each resource type is created over REST (verb, path, body), on a topic and subscription that exist.
+_CREATE_OVER_REST: dict[str, Callable[[str], tuple[str, str, Any]]] = {
+    "topics": lambda name: ("PUT", f"/v1/{name}", {}),
+    "subscriptions": lambda name: ("PUT", f"/v1/{name}", {"topic": f"{PROJECT}/topics/base"}),
+    "snapshots": lambda name: ("PUT", f"/v1/{name}", {"subscription": f"{PROJECT}/subscriptions/base"}),
+    "schemas": lambda name: (
+        "POST",
+        f"/v1/{PROJECT}/schemas?schemaId={name.rsplit('/', 1)[1]}",
+        {"type": "AVRO", "definition": json.dumps({"type": "record", "name": "R", "fields": []})},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_CREATE_OVER_REST))
+def test_iam_policy_over_rest(rest: Rest, kind: str) -> None:
+    rest.request("PUT", f"/v1/{PROJECT}/topics/base", {})
+    rest.request("PUT", f"/v1/{PROJECT}/subscriptions/base", {"topic": f"{PROJECT}/topics/base"})
+    resource = f"{PROJECT}/{kind}/guarded"
+    policy = {"bindings": [{"role": "roles/pubsub.viewer", "members": ["user:ann@example.com"]}]}
+    status, missing = rest.request("POST", f"/v1/{resource}:setIamPolicy", {"policy": policy})
+    assert (status, missing["error"]["status"]) == (404, "NOT_FOUND")
+    assert rest.request(*_CREATE_OVER_REST[kind](resource))[0] == 200
+    status, stored = rest.request("POST", f"/v1/{resource}:setIamPolicy", {"policy": policy})
     assert status == 200 and stored["bindings"] == policy["bindings"]
-    status, read = rest.request("GET", f"/v1/{topic}:getIamPolicy?options.requestedPolicyVersion=3")
-    assert (status, read["bindings"]) == (200, policy["bindings"])
-    status, tested = rest.request(
-        "POST", f"/v1/{topic}:testIamPermissions", {"permissions": ["pubsub.topics.publish"]}
-    )
-    assert (status, tested) == (200, {"permissions": ["pubsub.topics.publish"]})
+    status, read = rest.request("GET", f"/v1/{resource}:getIamPolicy?options.requestedPolicyVersion=3")
+    assert (status, read["bindings"], read["etag"]) == (200, policy["bindings"], stored["etag"])
+    permission = f"pubsub.{kind}.get"
+    status, tested = rest.request("POST", f"/v1/{resource}:testIamPermissions", {"permissions": [permission]})
+    assert (status, tested) == (200, {"permissions": [permission]})
 
 
 @pytest.mark.parametrize(
