@@ -23,16 +23,13 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
 
+from .._pb import PublishRequest, PublishResponse, PullRequest, PullResponse, Topic
+
 PROJECT = "projects/front-project"
-PullRequest: Any = pubsub_types.PullRequest.pb()
-PullResponse: Any = pubsub_types.PullResponse.pb()
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
 
 
 #: Both ways the front relays gRPC: by its relay process (Linux) and on the server's event loop.
@@ -268,7 +265,7 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
                 for channel in channels
             ]
             channels[0].unary_unary("/google.pubsub.v1.Publisher/CreateTopic")(
-                pubsub_types.Topic.pb()(name=topic).SerializeToString(), timeout=10
+                Topic(name=topic).SerializeToString(), timeout=10
             )
             # Every connection open at once, each call answered on its own connection, twice round.
             for round_number in range(2):
