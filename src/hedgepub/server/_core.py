@@ -39,6 +39,7 @@ from hedgepub.server._delivery import (
 )
 from hedgepub.server._expiration import RECORD_EVERY, ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._oidc import PushTokenSigner
 from hedgepub.server._push import PushDispatcher
 from hedgepub.server._replay import Replay
 from hedgepub.server._schemas import SchemaRegistry
@@ -60,6 +61,7 @@ class PubSubCore:
     epoch, which ``publish_time`` and message retention are about; replace it (it is a plain attribute)
     to test retention without waiting for it. ``window`` is how many ready messages each subscription
     holds in memory; the rest of its backlog is read from the store in pages as it drains.
+    ``push_tokens`` signs push requests' OIDC tokens (default: a key made in memory when first needed).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class PubSubCore:
         wall_clock_ns: Callable[[], int] = time.time_ns,
         *,
         window: int = DEFAULT_WINDOW,
+        push_tokens: PushTokenSigner | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1; got {window}")
@@ -106,7 +109,7 @@ class PubSubCore:
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
         #: One push worker per push subscription (started and stopped as subscriptions change).
-        self.push = PushDispatcher(self, clock)
+        self.push = PushDispatcher(self, clock, push_tokens)
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:

@@ -25,12 +25,13 @@ from google.protobuf.message import DecodeError
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
-from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
+from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir, push_key_path
 from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._front import OnePortFront
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
+from hedgepub.server._oidc import CERTS_PATH, PushTokenSigner
 from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -176,6 +177,12 @@ class AsyncLocalServer:
         """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
         return self.tls_cert is not None
 
+    @property
+    def push_certs_url(self) -> str | None:
+        """Where the keys that verify push requests' OIDC tokens are served (``{kid: PEM certificate}``;
+        ``/oauth2/v3/certs`` beside it is the JSON Web Key Set); ``None`` without the REST face."""
+        return f"http://{self.address}{CERTS_PATH}" if self.rest else None
+
     def _server_credentials(self) -> grpc.ServerCredentials:
         assert self.tls_cert is not None and self.tls_key is not None
         try:
@@ -219,8 +226,13 @@ class AsyncLocalServer:
             lock.release()
 
     async def _start(self, credentials: grpc.ServerCredentials | None, front: OnePortFront | None) -> None:
+        # The push tokens' key: kept in the data directory, so that tokens verify across restarts.
+        # (No data_dir and not in memory: open_store refuses it just below.)
+        key_file = None if self.in_memory or self.data_dir is None else push_key_path(self.data_dir)
+        tokens = PushTokenSigner(key_file)
+        tokens.load()  # a key file that cannot be read fails the start, before the store is opened
         store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
-        core = PubSubCore(store, clock=self._clock, window=self._window)
+        core = PubSubCore(store, clock=self._clock, window=self._window, push_tokens=tokens)
         loop = asyncio.get_running_loop()
         try:
             # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
@@ -255,7 +267,7 @@ class AsyncLocalServer:
         if front is not None:
             private = private.bound(port)
             gateway = RestGateway(private.grpc_address, GRPC_OPTIONS)
-            http = http_protocol_factory(gateway)
+            http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http
             port = front.port
@@ -422,6 +434,11 @@ class LocalServer:
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def push_certs_url(self) -> str | None:
+        """The URL of the keys that verify push requests' OIDC tokens (see :class:`AsyncLocalServer`)."""
+        return self._server.push_certs_url
 
     @property
     def hedge_dedup(self) -> HedgeBatchWindow | None:
