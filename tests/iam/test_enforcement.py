@@ -448,7 +448,7 @@ def test_streaming_pull_checks_the_token_before_the_request(caller: Caller) -> N
 def test_set_iam_policy_refuses_an_unknown_role_in_the_real_words(caller: Caller) -> None:
     topic = caller.create_topic()
     subscription = caller.create_subscription(topic)
-    for resource in (topic, subscription):
+    for resource in (topic, subscription, caller.create_schema().name, _create_snapshot(caller)):
         with pytest.raises(grpc.RpcError) as refused:
             caller.set_policy(resource, {"roles/pubsub.superuser": ["user:nobody@example.com"]})
         _expect(
@@ -659,6 +659,109 @@ def test_a_topic_naming_a_schema_needs_schemas_attach(caller: Caller) -> None:
     # Who holds attach (the project editor) may attach it to that topic.
     assert caller.call("UpdateTopic", attach, editor).schema_settings.schema == schema
     assert caller.call("GetTopic", get, ADMIN).schema_settings.schema == schema
+
+
+def test_a_schema_policy_grants_on_that_schema_only(caller: Caller) -> None:
+    granted, other = caller.create_schema(), caller.create_schema()
+    nobody = "t-nobody"
+    caller.set_policy(granted.name, {"roles/pubsub.viewer": ["user:nobody@example.com"]})
+    for name in (granted.name, f"{granted.name}@{granted.revision_id}"):  # a revision: its schema's policy
+        got = caller.call("GetSchema", schema_types.GetSchemaRequest.pb()(name=name), nobody)
+        assert got.revision_id == granted.revision_id
+    for method, request in (
+        ("GetSchema", schema_types.GetSchemaRequest.pb()(name=other.name)),
+        ("ListSchemas", schema_types.ListSchemasRequest.pb()(parent=PROJECT)),  # checked on the project
+        ("DeleteSchema", schema_types.DeleteSchemaRequest.pb()(name=granted.name)),
+        ("GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest(resource=granted.name)),
+    ):
+        assert caller.code_of(method, request, nobody) == grpc.StatusCode.PERMISSION_DENIED, method
+    assert caller.test_permissions(granted.name, SCHEMA_ALL, nobody) == [
+        "pubsub.schemas.get",
+        "pubsub.schemas.listRevisions",
+    ]
+    assert caller.test_permissions(other.name, SCHEMA_ALL, nobody) == []
+
+    # The schema's own policy may grant pubsub.schemas.attach: an editor of one topic (no schema
+    # permission on the project) attaches the schema once the schema's policy makes them its editor.
+    topic = caller.create_topic()
+    caller.set_policy(topic, {"roles/pubsub.editor": ["user:nobody@example.com"]})
+    attach = types.UpdateTopicRequest.pb()(
+        topic=_with_schema(topic, granted.name), update_mask={"paths": ["schema_settings"]}
+    )
+    assert caller.code_of("UpdateTopic", attach, nobody) == grpc.StatusCode.PERMISSION_DENIED
+    caller.set_policy(granted.name, {"roles/pubsub.editor": ["user:nobody@example.com"]})
+    assert caller.call("UpdateTopic", attach, nobody).schema_settings.schema == granted.name
+
+    # Setting a schema's policy needs pubsub.schemas.setIamPolicy: the Pub/Sub editor of the project
+    # lacks it, an admin of that one schema holds it.
+    editor = token_of("roles/pubsub.editor")
+    viewer_binding = {"roles/pubsub.viewer": ["user:nobody@example.com"]}
+    with pytest.raises(grpc.RpcError) as refused:
+        caller.set_policy(other.name, viewer_binding, token=editor)
+    _expect(refused.value, grpc.StatusCode.PERMISSION_DENIED, DENIED)
+    caller.set_policy(other.name, {"roles/pubsub.admin": ["user:editor@example.com"]})
+    caller.set_policy(other.name, viewer_binding, token=editor)
+    assert caller.call("GetSchema", schema_types.GetSchemaRequest.pb()(name=other.name), nobody).name
+
+    # Deleted, the schema's policy goes: one created again under its name grants nothing.
+    caller.call("DeleteSchema", schema_types.DeleteSchemaRequest.pb()(name=other.name), ADMIN)
+    schema_id = other.name.rsplit("/", 1)[1]
+    avro = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition=AVRO)
+    create = schema_types.CreateSchemaRequest.pb()(parent=PROJECT, schema=avro, schema_id=schema_id)
+    caller.call("CreateSchema", create, ADMIN)
+    again = schema_types.GetSchemaRequest.pb()(name=other.name)
+    assert caller.code_of("GetSchema", again, nobody) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_snapshot_policy_grants_on_that_snapshot_only(caller: Caller) -> None:
+    topic = caller.create_topic()
+    subscription = caller.create_subscription(topic)
+    snapshot = f"{PROJECT}/snapshots/{caller.unique('snapshot')}"
+    request = types.CreateSnapshotRequest.pb()(name=snapshot, subscription=subscription)
+    caller.call("CreateSnapshot", request, ADMIN)
+    other = _create_snapshot(caller)
+    nobody = "t-nobody"
+    caller.set_policy(snapshot, {"roles/pubsub.viewer": ["user:nobody@example.com"]})
+    assert (
+        caller.call("GetSnapshot", types.GetSnapshotRequest.pb()(snapshot=snapshot), nobody).name == snapshot
+    )
+    get_other = types.GetSnapshotRequest.pb()(snapshot=other)
+    assert caller.code_of("GetSnapshot", get_other, nobody) == grpc.StatusCode.PERMISSION_DENIED
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, nobody) == ["pubsub.snapshots.get"]
+
+    # Seeking to a snapshot needs pubsub.snapshots.seek on it besides consume on the subscription.
+    caller.set_policy(subscription, {"roles/pubsub.subscriber": ["user:nobody@example.com"]})
+    seek = types.SeekRequest.pb()(subscription=subscription, snapshot=snapshot)
+    assert caller.code_of("Seek", seek, nobody) == grpc.StatusCode.PERMISSION_DENIED
+    caller.set_policy(
+        snapshot,
+        {
+            "roles/pubsub.viewer": ["user:nobody@example.com"],
+            "roles/pubsub.subscriber": ["user:nobody@example.com"],
+        },
+    )
+    assert caller.code_of("Seek", seek, nobody) == grpc.StatusCode.OK
+    assert caller.test_permissions(snapshot, SNAPSHOT_ALL, nobody) == [
+        "pubsub.snapshots.get",
+        "pubsub.snapshots.seek",
+    ]
+    # A Seek to a time names no snapshot: consume on the subscription is enough.
+    to_time = types.SeekRequest.pb()(subscription=subscription, time={"seconds": 1})
+    assert caller.code_of("Seek", to_time, nobody) == grpc.StatusCode.OK
+
+    # Reading and setting a snapshot's policy need pubsub.snapshots.getIamPolicy / setIamPolicy there.
+    get_policy = iam_policy_pb2.GetIamPolicyRequest(resource=snapshot)
+    assert caller.code_of("GetIamPolicy", get_policy, nobody) == grpc.StatusCode.PERMISSION_DENIED
+    assert caller.code_of("GetIamPolicy", get_policy, token_of("roles/viewer")) == grpc.StatusCode.OK
+    with pytest.raises(grpc.RpcError) as refused:
+        caller.set_policy(snapshot, {}, token=token_of("roles/editor"))
+    _expect(refused.value, grpc.StatusCode.PERMISSION_DENIED, DENIED)
+
+    # Deleted, the snapshot's policy goes with it.
+    caller.call("DeleteSnapshot", types.DeleteSnapshotRequest.pb()(snapshot=snapshot), ADMIN)
+    caller.call("CreateSnapshot", request, ADMIN)
+    get = types.GetSnapshotRequest.pb()(snapshot=snapshot)
+    assert caller.code_of("GetSnapshot", get, nobody) == grpc.StatusCode.PERMISSION_DENIED
 
 
 class _SchemaGuard:

@@ -193,27 +193,66 @@ def test_ordering_keys_deliver_in_order(
     assert received == {"red": list(range(10)), "blue": list(range(10))}
 
 
-def test_iam_policies_are_stored(server: LocalServer, publisher: pubsub_v1.PublisherClient) -> None:
+AVRO = '{"type": "record", "name": "Order", "fields": [{"name": "id", "type": "int"}]}'
+
+
+@pytest.mark.parametrize("kind", ["topics", "subscriptions", "snapshots", "schemas"])
+def test_iam_policies_are_stored(
+    server: LocalServer,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    kind: str,
+) -> None:
+    """Get/SetIamPolicy on each resource type, through the client of its service (the IAM mixin)."""
+    schemas = pubsub_v1.SchemaServiceClient()
+    name = f"{PROJECT}/{kind}/guarded"
     publisher.create_topic(name=TOPIC)
-    empty = publisher.get_iam_policy(request={"resource": TOPIC})
-    assert list(empty.bindings) == []
-    policy = publisher.set_iam_policy(
-        request={
-            "resource": TOPIC,
-            "policy": {"bindings": [{"role": "roles/pubsub.publisher", "members": ["user:a@example.com"]}]},
-        }
-    )
-    assert policy.etag != empty.etag
-    read = publisher.get_iam_policy(request={"resource": TOPIC})
-    assert read.bindings[0].role == "roles/pubsub.publisher"
-    with pytest.raises(exceptions.Aborted):
-        publisher.set_iam_policy(request={"resource": TOPIC, "policy": {"etag": empty.etag or b"stale"}})
-    granted = publisher.test_iam_permissions(
-        request={"resource": TOPIC, "permissions": ["pubsub.topics.publish", "pubsub.topics.get"]}
-    )
-    assert list(granted.permissions) == ["pubsub.topics.publish", "pubsub.topics.get"]
-    with pytest.raises(exceptions.NotFound):
-        publisher.get_iam_policy(request={"resource": f"{PROJECT}/topics/missing"})
+    subscriber.create_subscription(name=SUBSCRIPTION, topic=TOPIC)
+    client: Any = {"topics": publisher, "schemas": schemas}.get(kind, subscriber)
+    create: Callable[[], Any] = {
+        "topics": lambda: publisher.create_topic(name=name),
+        "subscriptions": lambda: subscriber.create_subscription(name=name, topic=TOPIC),
+        "snapshots": lambda: subscriber.create_snapshot(name=name, subscription=SUBSCRIPTION),
+        "schemas": lambda: schemas.create_schema(
+            parent=PROJECT, schema={"type_": "AVRO", "definition": AVRO}, schema_id="guarded"
+        ),
+    }[kind]
+    delete: Callable[[], Any] = {
+        "topics": lambda: publisher.delete_topic(topic=name),
+        "subscriptions": lambda: subscriber.delete_subscription(subscription=name),
+        "snapshots": lambda: subscriber.delete_snapshot(snapshot=name),
+        "schemas": lambda: schemas.delete_schema(name=name),
+    }[kind]
+    try:
+        with pytest.raises(exceptions.NotFound):
+            client.get_iam_policy(request={"resource": name})
+        with pytest.raises(exceptions.NotFound):
+            client.set_iam_policy(request={"resource": name, "policy": {}})
+        create()
+        empty = client.get_iam_policy(request={"resource": name})
+        assert list(empty.bindings) == []
+        binding = {"role": "roles/pubsub.viewer", "members": ["user:a@example.com"]}
+        policy = client.set_iam_policy(request={"resource": name, "policy": {"bindings": [binding]}})
+        assert policy.etag != empty.etag
+        read = client.get_iam_policy(request={"resource": name})
+        assert (read.bindings[0].role, list(read.bindings[0].members), read.etag) == (
+            "roles/pubsub.viewer",
+            ["user:a@example.com"],
+            policy.etag,
+        )
+        with pytest.raises(exceptions.Aborted):
+            client.set_iam_policy(request={"resource": name, "policy": {"etag": empty.etag or b"stale"}})
+        asked = [f"pubsub.{kind}.setIamPolicy", f"pubsub.{kind}.get"]
+        granted = client.test_iam_permissions(request={"resource": name, "permissions": asked})
+        assert list(granted.permissions) == asked
+        # The policy goes with its resource: one created again under the name starts with none.
+        delete()
+        with pytest.raises(exceptions.NotFound):
+            client.get_iam_policy(request={"resource": name})
+        create()
+        assert list(client.get_iam_policy(request={"resource": name}).bindings) == []
+    finally:
+        schemas.transport.close()
 
 
 def test_pytest_fixture_sets_the_emulator_host(pubsub_server: LocalServer) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from google.cloud import pubsub_v1
 
-from hedgepub.server import AsyncLocalServer, FaultInjector, LocalServer
+from hedgepub.server import AsyncLocalServer, FaultInjector, LocalServer, ServerOptions
 
 
 def test_temporary_data_dir_is_removed_on_exit() -> None:
@@ -38,7 +38,7 @@ async def test_an_address_that_cannot_be_bound_is_an_os_error_naming_it_with_the
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = AsyncLocalServer(port=port, in_memory=True, rest=rest)
+        server = AsyncLocalServer(ServerOptions(port=port, in_memory=True, rest=rest))
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port} ") as raised:
             await server.start()
     # The binder's own words stay in the traceback: grpc's when it binds the port, asyncio's for the front.
@@ -76,3 +76,10 @@ def test_helpers_refuse_a_stopped_server() -> None:
     with pytest.raises(RuntimeError, match="not running"):
         server.messages("projects/p/topics/any")
     server.stop()  # stopping a server never started is harmless
+
+
+def test_tls_needs_both_files_whoever_builds_the_options() -> None:
+    with pytest.raises(ValueError, match="TLS needs both"):
+        ServerOptions(tls_cert="cert.pem")
+    with pytest.raises(ValueError, match="TLS needs both"):
+        LocalServer(in_memory=True, tls_key="key.pem")

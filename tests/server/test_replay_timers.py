@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from google.iam.v1.policy_pb2 import Binding, Policy
 from google.protobuf import duration_pb2
 from google.pubsub_v1.types import pubsub as types
 
@@ -68,6 +69,7 @@ def test_a_snapshot_lives_7_days_less_the_age_of_its_oldest_message(make_store: 
         assert snapshot.expire_time.ToNanoseconds() == EPOCH_NS + 7 * DAY * 1_000_000_000
         await asyncio.sleep(4 * DAY - 3601)  # 7 days less 1 h 1 s after the publish
         await core.replay.create_snapshot(f"{SNAPSHOT}-2", SUBSCRIPTION, {})
+        await core.set_policy(SNAPSHOT, Policy(bindings=[Binding(role="roles/viewer", members=["allUsers"])]))
         await asyncio.sleep(2)
         with pytest.raises(ServiceError) as caught:  # it would expire within the hour: refused
             await core.replay.create_snapshot(f"{SNAPSHOT}-3", SUBSCRIPTION, {})
@@ -79,6 +81,7 @@ def test_a_snapshot_lives_7_days_less_the_age_of_its_oldest_message(make_store: 
         for name in (SNAPSHOT, f"{SNAPSHOT}-2"):
             with pytest.raises(ServiceError, match="resource=events-snap"):
                 core.replay.get_snapshot(name)
+        assert core.stored_policy(SNAPSHOT) is None  # its IAM policy expired with it
         await core.close()
 
     run_virtual(scenario())

@@ -427,18 +427,35 @@ def test_paging_and_query_parameters(rest: Rest) -> None:
     assert (sorted(names), pages) == (["alpha", "bravo", "charlie"], 2)
 
 
-def test_iam_policy_over_rest(rest: Rest) -> None:
-    topic = f"{PROJECT}/topics/guarded"
-    rest.request("PUT", f"/v1/{topic}", {})
-    policy = {"bindings": [{"role": "roles/pubsub.publisher", "members": ["user:ann@example.com"]}]}
-    status, stored = rest.request("POST", f"/v1/{topic}:setIamPolicy", {"policy": policy})
+#: How each resource type is created over REST (verb, path, body), on a topic and subscription that exist.
+_CREATE_OVER_REST: dict[str, Callable[[str], tuple[str, str, Any]]] = {
+    "topics": lambda name: ("PUT", f"/v1/{name}", {}),
+    "subscriptions": lambda name: ("PUT", f"/v1/{name}", {"topic": f"{PROJECT}/topics/base"}),
+    "snapshots": lambda name: ("PUT", f"/v1/{name}", {"subscription": f"{PROJECT}/subscriptions/base"}),
+    "schemas": lambda name: (
+        "POST",
+        f"/v1/{PROJECT}/schemas?schemaId={name.rsplit('/', 1)[1]}",
+        {"type": "AVRO", "definition": json.dumps({"type": "record", "name": "R", "fields": []})},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_CREATE_OVER_REST))
+def test_iam_policy_over_rest(rest: Rest, kind: str) -> None:
+    rest.request("PUT", f"/v1/{PROJECT}/topics/base", {})
+    rest.request("PUT", f"/v1/{PROJECT}/subscriptions/base", {"topic": f"{PROJECT}/topics/base"})
+    resource = f"{PROJECT}/{kind}/guarded"
+    policy = {"bindings": [{"role": "roles/pubsub.viewer", "members": ["user:ann@example.com"]}]}
+    status, missing = rest.request("POST", f"/v1/{resource}:setIamPolicy", {"policy": policy})
+    assert (status, missing["error"]["status"]) == (404, "NOT_FOUND")
+    assert rest.request(*_CREATE_OVER_REST[kind](resource))[0] == 200
+    status, stored = rest.request("POST", f"/v1/{resource}:setIamPolicy", {"policy": policy})
     assert status == 200 and stored["bindings"] == policy["bindings"]
-    status, read = rest.request("GET", f"/v1/{topic}:getIamPolicy?options.requestedPolicyVersion=3")
-    assert (status, read["bindings"]) == (200, policy["bindings"])
-    status, tested = rest.request(
-        "POST", f"/v1/{topic}:testIamPermissions", {"permissions": ["pubsub.topics.publish"]}
-    )
-    assert (status, tested) == (200, {"permissions": ["pubsub.topics.publish"]})
+    status, read = rest.request("GET", f"/v1/{resource}:getIamPolicy?options.requestedPolicyVersion=3")
+    assert (status, read["bindings"], read["etag"]) == (200, policy["bindings"], stored["etag"])
+    permission = f"pubsub.{kind}.get"
+    status, tested = rest.request("POST", f"/v1/{resource}:testIamPermissions", {"permissions": [permission]})
+    assert (status, tested) == (200, {"permissions": [permission]})
 
 
 @pytest.mark.parametrize(
@@ -612,3 +629,16 @@ def test_a_server_without_rest_serves_grpc_on_its_port(monkeypatch: pytest.Monke
         publisher = pubsub_v1.PublisherClient()
         assert publisher.create_topic(name=f"{PROJECT}/topics/plain").name == f"{PROJECT}/topics/plain"
         publisher.stop()
+
+
+def test_a_client_keeping_its_connection_open_does_not_hold_the_server_up() -> None:
+    # An idle keep-alive connection (a requests.Session, say) must not make stop(0) wait for its next
+    # request: aiohttp would, given a shutdown timeout of 0.
+    server = LocalServer(in_memory=True).start()
+    with socket.create_connection((server.host, server.port), timeout=10) as connection:
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        started = time.monotonic()
+        server.stop(0)
+        assert time.monotonic() - started < 5
+        assert connection.recv(65536) == b""  # and the server closed it

@@ -8,12 +8,17 @@ from typing import Any
 import grpc
 from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.pubsub_v1.types import pubsub as types
+from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server import LocalServer
 
 TOPIC = "projects/p/topics/durable"
 SUBSCRIPTION = "projects/p/subscriptions/durable-sub"
 ORDERED = "projects/p/subscriptions/durable-ordered"
+SCHEMA = "projects/p/schemas/durable-schema"
+SNAPSHOT = "projects/p/snapshots/durable-snapshot"
+#: The resources given an IAM policy before the restart, each a policy of its own.
+GUARDED = (TOPIC, SCHEMA, SNAPSHOT)
 
 
 def call(channel: grpc.Channel, path: str, request: Any, response: Any) -> Any:
@@ -45,15 +50,32 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
                 name=name, topic=TOPIC, ack_deadline_seconds=30, enable_message_ordering=ordered
             )
             subscriber(channel, "CreateSubscription", config, types.Subscription.pb())
-        policy = policy_pb2.Policy(
-            bindings=[policy_pb2.Binding(role="roles/pubsub.viewer", members=["allUsers"])]
-        )
+        avro = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition='"string"')
         call(
             channel,
-            "/google.iam.v1.IAMPolicy/SetIamPolicy",
-            iam_policy_pb2.SetIamPolicyRequest(resource=TOPIC, policy=policy),
-            policy_pb2.Policy,
+            "/google.pubsub.v1.SchemaService/CreateSchema",
+            schema_types.CreateSchemaRequest.pb()(
+                parent="projects/p", schema=avro, schema_id="durable-schema"
+            ),
+            schema_types.Schema.pb(),
         )
+        snapshot = types.CreateSnapshotRequest.pb()(name=SNAPSHOT, subscription=ORDERED)
+        subscriber(channel, "CreateSnapshot", snapshot, types.Snapshot.pb())
+        etags = {}
+        for resource in GUARDED:
+            policy = policy_pb2.Policy(
+                bindings=[
+                    policy_pb2.Binding(
+                        role="roles/pubsub.viewer", members=[f"user:{resource.split('/')[2]}@example.com"]
+                    )
+                ]
+            )
+            etags[resource] = call(
+                channel,
+                "/google.iam.v1.IAMPolicy/SetIamPolicy",
+                iam_policy_pb2.SetIamPolicyRequest(resource=resource, policy=policy),
+                policy_pb2.Policy,
+            ).etag
         messages = [
             types.PubsubMessage.pb()(data=f"m{i}".encode(), attributes={"i": str(i)}, ordering_key="k")
             for i in range(4)
@@ -83,13 +105,19 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
             types.Subscription.pb(),
         )
         assert config.enable_message_ordering and config.ack_deadline_seconds == 30
-        stored_policy = call(
-            channel,
-            "/google.iam.v1.IAMPolicy/GetIamPolicy",
-            iam_policy_pb2.GetIamPolicyRequest(resource=TOPIC),
-            policy_pb2.Policy,
-        )
-        assert stored_policy.bindings[0].role == "roles/pubsub.viewer"
+        for resource in GUARDED:
+            stored_policy = call(
+                channel,
+                "/google.iam.v1.IAMPolicy/GetIamPolicy",
+                iam_policy_pb2.GetIamPolicyRequest(resource=resource),
+                policy_pb2.Policy,
+            )
+            [binding] = stored_policy.bindings
+            assert (binding.role, list(binding.members), stored_policy.etag) == (
+                "roles/pubsub.viewer",
+                [f"user:{resource.split('/')[2]}@example.com"],
+                etags[resource],
+            )
         left = pull(channel, SUBSCRIPTION)
         assert sorted((r.message.data, r.message.attributes["i"]) for r in left) == [
             (b"m1", "1"),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from hedgepub.server import AsyncLocalServer, FaultInjector, IamConfig
+    from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
     from hedgepub.server._hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
@@ -127,7 +127,7 @@ def serve(
         raise click.UsageError("--data-dir and --in-memory exclude each other: choose one.")
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
-    from hedgepub.server import DataDirError, FaultInjector
+    from hedgepub.server import DataDirError, FaultInjector, ServerOptions
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
@@ -145,6 +145,18 @@ def serve(
         data_dir = data_dir if data_dir is not None else Path(DEFAULT_DATA_DIR)
         # created, locked and checked by the server itself, which reports a problem in one line
     storage = "in memory (lost on exit)" if in_memory else f"SQLite in {data_dir}"
+    options = ServerOptions(
+        host=host,
+        port=port,
+        data_dir=data_dir,
+        in_memory=in_memory,
+        faults=injector,
+        iam=iam,
+        dedup_hedges=dedup_hedges,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        rest=rest,
+    )
 
     announced = False
 
@@ -175,21 +187,7 @@ def serve(
 
     dedup_counts: list[HedgeDedupCounts] = []
     try:
-        asyncio.run(
-            _run(
-                host,
-                port,
-                None if in_memory else data_dir,
-                injector,
-                announce,
-                iam,
-                tls_cert,
-                tls_key,
-                dedup_hedges=dedup_hedges,
-                report=dedup_counts.append,
-                rest=rest,
-            )
-        )
+        asyncio.run(_run(options, announce, report=dedup_counts.append))
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
@@ -220,18 +218,10 @@ def serve(
 
 
 async def _run(
-    host: str,
-    port: int,
-    data_dir: Path | None,
-    injector: FaultInjector,
+    options: ServerOptions,
     announce: Callable[[AsyncLocalServer], None],
-    iam: IamConfig | None = None,
-    tls_cert: Path | None = None,
-    tls_key: Path | None = None,
     *,
-    dedup_hedges: bool = False,
     report: Callable[[HedgeDedupCounts], object] | None = None,
-    rest: bool = True,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
@@ -253,21 +243,7 @@ async def _run(
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):  # no loop signal handlers on Windows
             loop.add_signal_handler(signum, request_stop, signum)
-    await run_server(
-        host,
-        port,
-        data_dir=data_dir,
-        in_memory=data_dir is None,
-        faults=injector,
-        iam=iam,
-        on_started=started,
-        stop=stop,
-        grace=1.0,
-        dedup_hedges=dedup_hedges,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        rest=rest,
-    )
+    await run_server(options, on_started=started, stop=stop, grace=1.0)
     for server in servers:
         if server.hedge_dedup is not None and report is not None:
             report(server.hedge_dedup.counts)

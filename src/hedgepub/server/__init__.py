@@ -13,12 +13,16 @@ Start it from Python::
 
 On an event loop you already run (the ``hedgepub serve`` command does this)::
 
-    await serve(host, port, data_dir=..., in_memory=..., faults=..., on_started=print_address, stop=event)
+    options = ServerOptions(host=host, port=port, data_dir=..., faults=...)   # the one list of options
+    await serve(options, on_started=print_address, stop=event)
     # or
-    async with AsyncLocalServer(host, port, data_dir=...) as server: ...
+    async with AsyncLocalServer(options) as server: ...
 
 IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, policy))`` (or
 ``IamConfig.from_files(tokens_file, policy_file)``); callers then send ``authorization: Bearer <token>``.
+
+The options (store, faults, IAM, TLS, REST, ...) are :class:`ServerOptions`, which ``LocalServer`` builds
+from its arguments and ``hedgepub serve`` from its flags (:mod:`._options`).
 
 Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator; checks in
 :mod:`._resources`, each subscription's state machine in :mod:`._delivery`) ->
@@ -36,6 +40,7 @@ from hedgepub.server._faults import FaultInjector
 from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._limits import ServiceError
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
+from hedgepub.server._options import ServerOptions
 from hedgepub.server._store import MemoryStore, Snapshot, Store, StoredMessage
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "LocalServer",
     "MemoryStore",
     "PubSubCore",
+    "ServerOptions",
     "ServiceError",
     "Snapshot",
     "StallWindows",

@@ -101,6 +101,7 @@ class PubSubCore:
             lambda: list(self._subscriptions.values()),
             self._topic,
             self._spawn,
+            forgotten=self._drop_policy,
         )
         #: Whether the service may forward from a subscription to a dead-letter topic (IAM enforcement sets
         #: it: the topic must grant its forwarding identity publishing); ``None`` allows every forwarding.
@@ -276,8 +277,7 @@ class PubSubCore:
         await self._store.delete("topics", name)
         self._topics.pop(name, None)
         await self.replay.topic_deleted(name)
-        self._policies.pop(name, None)
-        await self._store.delete("policies", name)
+        await self._drop_policy(name)
         for state in self._attached.pop(name, {}).values():
             config = resources.copy_with(state.config, topic=limits.DELETED_TOPIC)
             await self._store.put("subscriptions", config.name, config)
@@ -345,6 +345,7 @@ class PubSubCore:
     async def delete_schema(self, name: str) -> None:
         """DeleteSchema: topics that named it keep validating against nothing (``_deleted-schema_``)."""
         await self.schemas.delete(name)
+        await self._drop_policy(name)
         for topic in list(self._topics.values()):
             if topic.HasField("schema_settings") and topic.schema_settings.schema == name:
                 updated = resources.copy_with(topic)
@@ -431,8 +432,7 @@ class PubSubCore:
         state = self._subscription(name)
         await self._store.delete("subscriptions", name)
         await self.replay.subscription_deleted(name)
-        await self._store.delete("policies", name)
-        self._policies.pop(name, None)
+        await self._drop_policy(name)
         if self._subscriptions.get(name) is state:
             del self._subscriptions[name]
             self._attached.get(state.config.topic, {}).pop(name, None)
@@ -742,20 +742,26 @@ class PubSubCore:
         return failures
 
     # ----------------------------------------------------------------- IAM
-    def _iam_resource(self, resource: str) -> None:
+    def check_iam_resource(self, resource: str) -> None:
+        """The resource of an IAM call must exist: a topic, subscription, snapshot or schema (not a
+        revision, which carries no policy of its own); NOT_FOUND or INVALID_ARGUMENT otherwise."""
         if "/subscriptions/" in resource:
             self._subscription(resource)
         elif "/topics/" in resource:
             self._topic(resource)
+        elif "/snapshots/" in resource:
+            self.replay.get_snapshot(resource)
+        elif "/schemas/" in resource:
+            self.schemas.revision(limits.check_name(resource, "schemas"))
         else:
             raise invalid(
-                f"Invalid resource name given (name={resource}); IAM policies are kept on topics and "
-                "subscriptions."
+                f"Invalid resource name given (name={resource}); IAM policies are kept on topics, "
+                "subscriptions, snapshots and schemas."
             )
 
     def get_policy(self, resource: str) -> Any:
         """GetIamPolicy: the stored policy, or an empty one."""
-        self._iam_resource(resource)
+        self.check_iam_resource(resource)
         policy = self._policies.get(resource)
         if policy is None:
             policy = Policy(version=1, etag=b"\x00\x00\x00\x00\x00\x00\x00\x00")
@@ -763,7 +769,6 @@ class PubSubCore:
 
     async def set_policy(self, resource: str, policy: Any) -> Any:
         """SetIamPolicy: replace the policy; a stale etag is refused with ABORTED."""
-        self._iam_resource(resource)
         current = self.get_policy(resource)
         if policy.etag and policy.etag != current.etag:
             raise ServiceError(
@@ -780,17 +785,14 @@ class PubSubCore:
         self._policies[resource] = stored
         return stored
 
-    def check_iam_resource(self, resource: str) -> None:
-        """TestIamPermissions needs an existing topic, subscription, snapshot or schema (not a revision)."""
-        if "/snapshots/" in resource:
-            self.replay.get_snapshot(resource)
-        elif "/schemas/" in resource:
-            self.schemas.revision(limits.check_name(resource, "schemas"))
-        else:
-            self._iam_resource(resource)
+    async def _drop_policy(self, resource: str) -> None:
+        """A deleted resource's policy goes with it: one re-created under its name starts with none."""
+        self._policies.pop(resource, None)
+        await self._store.delete("policies", resource)
 
     def stored_policy(self, resource: str) -> Any | None:
-        """The policy set on a topic or subscription, or ``None`` (no checks: for IAM enforcement)."""
+        """The policy set on a topic, subscription, snapshot or schema, or ``None`` (no checks: for IAM
+        enforcement)."""
         return self._policies.get(resource)
 
     def topic_of_subscription(self, name: str) -> str | None:

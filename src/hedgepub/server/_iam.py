@@ -8,11 +8,11 @@ wraps in an :class:`IamEnforcer`:
   principal (``user:...``, ``serviceAccount:...``, ``group:...``, or a list of them, which is how a token
   can stand for a user and the groups it belongs to). No token, or an unknown one, is UNAUTHENTICATED.
 - **what**: every RPC needs the permissions listed in :data:`RPC_PERMISSIONS`, each on a resource named by a
-  request field (the project for ``create`` and ``list``, else the topic or subscription).
-- **who holds it**: the effective policy of a topic or subscription is the project-level policy of the
-  config (the same for every project) united with the policy set on the resource through SetIamPolicy,
-  as in the real service, where a resource inherits from its project. A binding grants its role's
-  permissions (:data:`ROLE_PERMISSIONS`, the real definitions restricted to Pub/Sub's resources) to
+  request field (the project for ``create`` and ``list``, else the topic, subscription, snapshot or schema).
+- **who holds it**: the effective policy of a topic, subscription, snapshot or schema is the project-level
+  policy of the config (the same for every project) united with the policy set on the resource through
+  SetIamPolicy, as in the real service, where a resource inherits from its project. A binding grants its
+  role's permissions (:data:`ROLE_PERMISSIONS`, the real definitions restricted to Pub/Sub's resources) to
   its members: exact principals, ``domain:example.com`` (users of that e-mail domain),
   ``allAuthenticatedUsers`` and ``allUsers`` (both: every caller with a known token).
 
@@ -73,8 +73,7 @@ PROJECT_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.topics.list",
     }
 )
-#: Permissions that can be tested on a schema. Schemas carry no policy of their own here (GetIamPolicy and
-#: SetIamPolicy refuse them), so only the project policy grants these.
+#: Permissions that can be tested on a schema (granted by the project's policy and the schema's own).
 SCHEMA_PERMISSIONS: frozenset[str] = frozenset(
     {
         "pubsub.schemas.attach",
@@ -87,7 +86,7 @@ SCHEMA_PERMISSIONS: frozenset[str] = frozenset(
         "pubsub.schemas.setIamPolicy",
     }
 )
-#: Permissions that can be tested on a snapshot (granted through the project's policy, as for schemas).
+#: Permissions that can be tested on a snapshot (granted by the project's policy and the snapshot's own).
 SNAPSHOT_PERMISSIONS: frozenset[str] = frozenset(
     {
         "pubsub.snapshots.delete",
@@ -183,8 +182,8 @@ class Check(NamedTuple):
 
 
 #: Per RPC (short method name): the permissions it needs. ``create`` and ``list`` are checked on the
-#: project of the named resource; ``pubsub.schemas.attach`` on the schema a topic names (which, as schemas
-#: carry no policy of their own here, only the project policy grants). ``getIamPolicy`` /
+#: project of the named resource; ``pubsub.schemas.attach`` on the schema a topic names (granted by the
+#: project's policy or the schema's own). ``getIamPolicy`` /
 #: ``setIamPolicy`` are completed with the resource's type (``topics``, ``subscriptions``, ...) at call
 #: time (:func:`resource_permission`). TestIamPermissions needs no permission (any authenticated caller may
 #: ask), as in the real service.
@@ -244,8 +243,11 @@ RPC_PERMISSIONS: dict[str, tuple[Check, ...]] = {
     "ListSnapshots": (Check("pubsub.snapshots.list", "project"),),
     "UpdateSnapshot": (Check("pubsub.snapshots.update", "snapshot.name"),),
     "DeleteSnapshot": (Check("pubsub.snapshots.delete", "snapshot"),),
-    # The snapshot's pubsub.snapshots.seek is not checked separately: the subscriber role holds both.
-    "Seek": (Check("pubsub.subscriptions.consume", "subscription"),),
+    # Seeking to a snapshot also needs pubsub.snapshots.seek on it (a Seek to a time names no snapshot).
+    "Seek": (
+        Check("pubsub.subscriptions.consume", "subscription"),
+        Check("pubsub.snapshots.seek", "snapshot", optional=True),
+    ),
     "ListTopicSnapshots": (Check("pubsub.topics.get", "topic"),),
 }
 
@@ -483,8 +485,8 @@ def _bindings(policy: Any) -> Iterable[tuple[str, Iterable[str]]]:
 class IamEnforcer:
     """The enforcing :class:`Authorizer`: the config's tokens and project policy, plus resource policies.
 
-    ``policy_of(resource)`` returns the policy stored on a topic or subscription through SetIamPolicy
-    (``None`` if there is none); the server binds it to its core.
+    ``policy_of(resource)`` returns the policy stored on a topic, subscription, snapshot or schema through
+    SetIamPolicy (``None`` if there is none); the server binds it to its core.
     """
 
     def __init__(self, config: IamConfig, policy_of: Callable[[str], Any | None] | None = None) -> None:
@@ -525,7 +527,8 @@ class IamEnforcer:
             if any(self._matches(member, principals) for member in members):
                 held |= ROLE_PERMISSIONS[role]
         if resource.count("/") == 3:
-            policy = self._policy_of(resource)
+            # A schema revision (``schema@revision``) is governed by its schema's policy.
+            policy = self._policy_of(resource.partition("@")[0])
             if policy is not None:
                 applicable = TESTABLE_PERMISSIONS.get(_collection(resource), frozenset())
                 for role, members in _bindings(policy):

@@ -23,7 +23,6 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._core import PubSubCore
 from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir, push_key_path
 from hedgepub.server._delivery import DEFAULT_WINDOW
@@ -32,6 +31,7 @@ from hedgepub.server._front import OnePortFront
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._oidc import CERTS_PATH, PushTokenSigner
+from hedgepub.server._options import ServerOptions
 from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -43,6 +43,9 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 )
+
+#: The least time REST connections get to finish when the server stops (see stop()).
+HTTP_SHUTDOWN_MINIMUM_SECONDS = 0.01
 
 #: Where the gRPC face listens when the one-port front owns the public port: loopback, ephemeral.
 PRIVATE_HOST = "127.0.0.1"
@@ -94,71 +97,32 @@ def _cannot_listen(where: str) -> OSError:
 
 
 class AsyncLocalServer:
-    """The Pub/Sub server on the running event loop.
+    """The Pub/Sub server on the running event loop, set up by its :class:`ServerOptions`.
 
-    ``data_dir`` holds the SQLite database; ``in_memory=True`` keeps nothing on disk. One of the two is
-    required (:class:`LocalServer` adds the temporary-directory default). ``faults`` is the
-    :class:`~hedgepub.server.FaultInjector` installed as the server's interceptor (a new, empty one when
-    not given). ``iam`` turns IAM enforcement on (an :class:`~hedgepub.server.IamConfig`: tokens and the
-    project policy; default: off, every call allowed); ``authorizer`` plugs in any other
-    :class:`~hedgepub.server.Authorizer` instead. ``tls_cert`` (a PEM certificate chain file) and
-    ``tls_key`` (its PEM private key file) make the port speak TLS instead of plain text.
-    ``keep_unsubscribed=True`` keeps the messages published while their topic has no subscription (the
-    real service drops them; :class:`LocalServer` keeps them so that ``messages(topic)`` shows them).
-    ``window``: ready messages held in memory per subscription.
-    ``dedup_hedges=True`` stores the attempts of one hedged batch (same ``hedgepub-batch-id``) once and
-    answers later ones with the first one's message IDs (``hedgepub serve --dedup-hedges``; the real
-    service does not do this).
-    ``rest=True`` (the default) serves REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's
-    emulator does; ``rest=False`` serves gRPC alone, and so does a TLS server (the front that tells the
-    two apart reads plain text) and a server on Windows.
+    ``AsyncLocalServer(ServerOptions(in_memory=True))``; ``data_dir`` or ``in_memory=True`` is required
+    (:class:`LocalServer` adds the temporary-directory default). The options' ``faults`` is the
+    server's :attr:`faults` (a new, empty :class:`~hedgepub.server.FaultInjector` when not given); with
+    ``dedup_hedges`` its :attr:`hedge_dedup` window stores each hedged batch once; :attr:`rest` says
+    whether REST is served (not under TLS, nor on Windows).
     """
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        *,
-        data_dir: str | os.PathLike[str] | None = None,
-        in_memory: bool = False,
-        faults: FaultInjector | None = None,
-        iam: IamConfig | None = None,
-        authorizer: Authorizer | None = None,
-        clock: Clock = DEFAULT_CLOCK,
-        keep_unsubscribed: bool = False,
-        window: int = DEFAULT_WINDOW,
-        dedup_hedges: bool = False,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        rest: bool = True,
-    ) -> None:
-        if (tls_cert is None) != (tls_key is None):
-            raise ValueError(
-                "TLS needs both tls_cert (PEM certificate chain) and tls_key (its PEM private key)"
-            )
-        if faults is None:
-            faults = FaultInjector()
-        if iam is not None and authorizer is not None:
-            raise ValueError("give iam= (IAM enforcement) or authorizer= (a custom one), not both")
-        if iam is not None and not isinstance(iam, IamConfig):
-            raise TypeError(f"iam must be an IamConfig or None; got {type(iam).__name__}")
-        self.iam = iam
-        self.host = host
-        self.requested_port = port
-        self.data_dir = data_dir
-        self.in_memory = in_memory
-        self.faults = faults
-        self._authorizer = authorizer
-        self._clock = clock
+    def __init__(self, options: ServerOptions | None = None) -> None:
+        if options is None:
+            options = ServerOptions()
+        #: What the server was set up with.
+        self.options = options
+        self.host = options.host
+        #: Where SQLite lives: the options' ``data_dir``, or the temporary directory :class:`LocalServer`
+        #: sets before starting.
+        self.data_dir = options.data_dir
+        self.faults = options.faults if options.faults is not None else FaultInjector()
         # The front reads plain text, and works on the loop's reader callbacks, which Windows' default
         # (proactor) loop lacks: REST is served without TLS, and not on Windows.
-        self.rest = rest and tls_cert is None and sys.platform != "win32"
-        self.keep_unsubscribed = keep_unsubscribed
-        self._window = window
+        self.rest = options.rest and options.tls_cert is None and sys.platform != "win32"
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
-        self.hedge_dedup: HedgeBatchWindow | None = HedgeBatchWindow(clock=clock) if dedup_hedges else None
-        self.tls_cert = tls_cert
-        self.tls_key = tls_key
+        self.hedge_dedup: HedgeBatchWindow | None = (
+            HedgeBatchWindow(clock=options.clock) if options.dedup_hedges else None
+        )
         self._server: grpc.aio.Server | None = None
         self._front: OnePortFront | None = None
         self._gateway: RestGateway | None = None
@@ -175,7 +139,7 @@ class AsyncLocalServer:
     @property
     def tls(self) -> bool:
         """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
-        return self.tls_cert is not None
+        return self.options.tls_cert is not None
 
     @property
     def push_certs_url(self) -> str | None:
@@ -184,15 +148,17 @@ class AsyncLocalServer:
         return f"http://{self.address}{CERTS_PATH}" if self.rest else None
 
     def _server_credentials(self) -> grpc.ServerCredentials:
-        assert self.tls_cert is not None and self.tls_key is not None
+        tls_cert, tls_key = self.options.tls_cert, self.options.tls_key
+        assert tls_cert is not None and tls_key is not None
         try:
-            chain = Path(self.tls_cert).read_bytes()
-            key = Path(self.tls_key).read_bytes()
+            chain = Path(tls_cert).read_bytes()
+            key = Path(tls_key).read_bytes()
         except OSError as error:
             raise OSError(f"cannot read the TLS certificate or key: {error}") from error
-        for what, data, marker in (("tls_cert", chain, b"CERTIFICATE"), ("tls_key", key, b"PRIVATE KEY")):
+        checks = (("tls_cert", tls_cert, chain, b"CERTIFICATE"), ("tls_key", tls_key, key, b"PRIVATE KEY"))
+        for what, path, data, marker in checks:
             if b"-----BEGIN" not in data or marker not in data:
-                raise ValueError(f"{what} ({os.fspath(getattr(self, what))}) holds no PEM {marker.decode()}")
+                raise ValueError(f"{what} ({os.fspath(path)}) holds no PEM {marker.decode()}")
         return grpc.ssl_server_credentials([(key, chain)])
 
     async def start(self) -> None:
@@ -207,11 +173,11 @@ class AsyncLocalServer:
             # The public port first: when it is taken, nothing else has been opened yet.
             front = OnePortFront()
             try:
-                await front.bind(self.host, self.requested_port)
+                await front.bind(self.host, self.options.port)
             except OSError as error:
-                raise _cannot_listen(f"{self.host}:{self.requested_port}") from error
+                raise _cannot_listen(f"{self.host}:{self.options.port}") from error
         try:
-            if not self.in_memory and self.data_dir is not None:
+            if not self.options.in_memory and self.data_dir is not None:
                 self._data_dir_lock = open_data_dir(self.data_dir)
             await self._start(credentials, front)
         except BaseException:
@@ -226,13 +192,14 @@ class AsyncLocalServer:
             lock.release()
 
     async def _start(self, credentials: grpc.ServerCredentials | None, front: OnePortFront | None) -> None:
+        options = self.options
         # The push tokens' key: kept in the data directory, so that tokens verify across restarts.
         # (No data_dir and not in memory: open_store refuses it just below.)
-        key_file = None if self.in_memory or self.data_dir is None else push_key_path(self.data_dir)
+        key_file = None if options.in_memory or self.data_dir is None else push_key_path(self.data_dir)
         tokens = PushTokenSigner(key_file)
         tokens.load()  # a key file that cannot be read fails the start, before the store is opened
-        store = open_store(self.data_dir, self.in_memory, keep_unsubscribed=self.keep_unsubscribed)
-        core = PubSubCore(store, clock=self._clock, window=self._window, push_tokens=tokens)
+        store = open_store(self.data_dir, options.in_memory, keep_unsubscribed=options.keep_unsubscribed)
+        core = PubSubCore(store, clock=options.clock, window=options.window, push_tokens=tokens)
         loop = asyncio.get_running_loop()
         try:
             # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
@@ -243,15 +210,15 @@ class AsyncLocalServer:
             raise DataDirError(
                 f"database file {database_path(self.data_dir or '')} cannot be loaded: {error}"
             ) from None
-        authorizer = self._authorizer
-        if self.iam is not None:
-            authorizer = IamEnforcer(self.iam, core.stored_policy)
+        authorizer = options.authorizer
+        if options.iam is not None:
+            authorizer = IamEnforcer(options.iam, core.stored_policy)
             core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
         server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()
-        where = f"{self.host}:{self.requested_port}" if front is None else private.grpc_address
+        where = f"{self.host}:{self.options.port}" if front is None else private.grpc_address
         try:
             if credentials is not None:
                 port = server.add_secure_port(where, credentials)
@@ -285,7 +252,9 @@ class AsyncLocalServer:
         async def stop_rest() -> None:
             # REST calls in flight finish first: they go through the gateway's channel to the gRPC face.
             if http is not None:
-                await http.shutdown(grace or 0.0)
+                # Never 0: aiohttp takes a timeout of 0 for none, and would wait for ever for a client's
+                # idle keep-alive connection (a requests.Session, say) to send another request.
+                await http.shutdown(max(grace or 0.0, HTTP_SHUTDOWN_MINIMUM_SECONDS))
             if gateway is not None:
                 await gateway.close()
 
@@ -313,46 +282,24 @@ class AsyncLocalServer:
         await self.stop(0)
 
     def __repr__(self) -> str:
-        where = "in memory" if self.in_memory else f"data_dir={str(self.data_dir)!r}"
+        where = "in memory" if self.options.in_memory else f"data_dir={str(self.data_dir)!r}"
         state = f"serving on {self.address}" if self._server is not None else "stopped"
         return f"<AsyncLocalServer {state}{' over TLS' if self.tls else ''}, {where}>"
 
 
 async def serve(
-    host: str = "127.0.0.1",
-    port: int = 8085,
+    options: ServerOptions,
     *,
-    data_dir: str | os.PathLike[str] | None = None,
-    in_memory: bool = False,
-    faults: FaultInjector | None = None,
-    iam: IamConfig | None = None,
-    authorizer: Authorizer | None = None,
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
-    dedup_hedges: bool = False,
-    tls_cert: str | os.PathLike[str] | None = None,
-    tls_key: str | os.PathLike[str] | None = None,
-    rest: bool = True,
 ) -> None:
-    """Run the server until ``stop`` is set or the task is cancelled, then shut it down cleanly.
+    """Run the server set up by ``options`` until ``stop`` is set or the task is cancelled, then shut it
+    down cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
-    ``rest=False`` serves gRPC alone (see :class:`AsyncLocalServer`).
     """
-    server = AsyncLocalServer(
-        host,
-        port,
-        data_dir=data_dir,
-        in_memory=in_memory,
-        faults=faults,
-        iam=iam,
-        authorizer=authorizer,
-        dedup_hedges=dedup_hedges,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        rest=rest,
-    )
+    server = AsyncLocalServer(options)
     await server.start()
     try:
         if on_started is not None:
@@ -370,12 +317,12 @@ class LocalServer:
 
     ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
-    temporary directory that is removed when it stops. ``iam=IamConfig(...)`` enforces IAM (see
-    :class:`AsyncLocalServer`); ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC only);
-    ``rest=False`` turns the REST face off. Messages
-    published while a topic has no subscription are kept, so that :meth:`messages` shows them;
-    ``keep_unsubscribed=False`` drops them, as the real service does (for long runs, where they would
-    only fill memory or disk).
+    temporary directory that is removed when it stops. The arguments are those of
+    :class:`~hedgepub.server.ServerOptions`, where each is described: ``iam=IamConfig(...)`` enforces IAM;
+    ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC only); ``rest=False`` turns the REST
+    face off. Unlike there, messages published while a topic has no subscription are kept, so that
+    :meth:`messages` shows them; ``keep_unsubscribed=False`` drops them, as the real service does (for
+    long runs, where they would only fill memory or disk).
     """
 
     def __init__(
@@ -397,19 +344,21 @@ class LocalServer:
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
-            host,
-            port,
-            data_dir=data_dir,
-            in_memory=in_memory,
-            faults=faults,
-            iam=iam,
-            authorizer=authorizer,
-            keep_unsubscribed=keep_unsubscribed,
-            window=window,
-            dedup_hedges=dedup_hedges,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            rest=rest,
+            ServerOptions(
+                host=host,
+                port=port,
+                data_dir=data_dir,
+                in_memory=in_memory,
+                faults=faults,
+                iam=iam,
+                authorizer=authorizer,
+                keep_unsubscribed=keep_unsubscribed,
+                window=window,
+                dedup_hedges=dedup_hedges,
+                tls_cert=tls_cert,
+                tls_key=tls_key,
+                rest=rest,
+            )
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -465,7 +414,7 @@ class LocalServer:
         """Start serving on a new thread; returns once the port is open (raises if it cannot open)."""
         if self._thread is not None:
             raise RuntimeError("this LocalServer has already been started")
-        if not self._server.in_memory and self._server.data_dir is None:
+        if not self._server.options.in_memory and self._server.data_dir is None:
             self._temporary = tempfile.mkdtemp(prefix="hedgepub-server-")
             self._server.data_dir = self._temporary
         ready = threading.Event()
@@ -577,6 +526,6 @@ class LocalServer:
         self.stop(0)
 
     def __repr__(self) -> str:
-        store = "in memory" if self._server.in_memory else f"data_dir={self.data_dir!r}"
+        store = "in memory" if self._server.options.in_memory else f"data_dir={self.data_dir!r}"
         state = f"serving on {self.address}" if self.running else "stopped"
         return f"<LocalServer {state}, {store}>"

@@ -73,7 +73,8 @@ class Replay:
 
     ``subscription(name)`` and ``topic(name)`` look resources up (raising NOT_FOUND); ``subscriptions()``
     lists the subscriptions' delivery states; ``wall_ns()`` is the calendar time in ns; ``spawn`` runs a
-    coroutine in the background.
+    coroutine in the background; ``forgotten(name)``, if given, is awaited when a snapshot goes (deleted or
+    expired), for what the core keeps about it (its IAM policy).
     """
 
     def __init__(
@@ -85,6 +86,8 @@ class Replay:
         subscriptions: Callable[[], Sequence[Any]],
         topic: Callable[[str], Any],
         spawn: Callable[[Awaitable[Any]], None],
+        *,
+        forgotten: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -93,6 +96,7 @@ class Replay:
         self._subscriptions = subscriptions
         self._topic = topic
         self._spawn = spawn
+        self._forgotten = forgotten
         self._snapshots: dict[str, Any] = {}
         self._expiry: dict[str, TimerHandle] = {}
         self._retained_topics: dict[str, int] = {}
@@ -259,6 +263,8 @@ class Replay:
         if timer is not None:
             timer.cancel()
         await self._store.delete("snapshots", name)
+        if self._forgotten is not None:
+            await self._forgotten(name)
 
     def _arm_expiry(self, snapshot: Any) -> None:
         name = snapshot.name
