@@ -7,11 +7,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub as types
+
+from .._pb import (
+    PublishRequest,
+    PubsubMessage,
+    PullRequest,
+    StreamingPullRequest,
+    StreamingPullResponse,
+    Subscription,
+    Topic,
+)
 
 TOPIC = "projects/p/topics/streamed"
 SUBSCRIPTION = "projects/p/subscriptions/streamed-sub"
-StreamingPullRequest: Any = types.StreamingPullRequest.pb()
 
 
 class Stream:
@@ -23,7 +31,7 @@ class Stream:
         stub = raw.channel.stream_stream(
             "/google.pubsub.v1.Subscriber/StreamingPull",
             request_serializer=StreamingPullRequest.SerializeToString,
-            response_deserializer=types.StreamingPullResponse.pb().FromString,
+            response_deserializer=StreamingPullResponse.FromString,
         )
         self.call = stub(self._iterate(), timeout=20)
 
@@ -44,14 +52,14 @@ class Stream:
 
 @pytest.fixture
 def stream_setup(raw: Any) -> Any:
-    raw.call("CreateTopic", types.Topic.pb()(name=TOPIC))
-    raw.call("CreateSubscription", types.Subscription.pb()(name=SUBSCRIPTION, topic=TOPIC))
+    raw.call("CreateTopic", Topic(name=TOPIC))
+    raw.call("CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC))
     return raw
 
 
 def publish(raw: Any, *data: bytes) -> None:
-    messages = [types.PubsubMessage.pb()(data=item) for item in data]
-    raw.call("Publish", types.PublishRequest.pb()(topic=TOPIC, messages=messages))
+    messages = [PubsubMessage(data=item) for item in data]
+    raw.call("Publish", PublishRequest(topic=TOPIC, messages=messages))
 
 
 def test_acks_and_nacks_sent_on_the_stream(stream_setup: Any) -> None:
@@ -74,7 +82,7 @@ def test_acks_and_nacks_sent_on_the_stream(stream_setup: Any) -> None:
     finally:
         stream.close()
     pulled = raw.call(
-        "Pull", types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
+        "Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
     )
     assert list(pulled.received_messages) == []
 
