@@ -24,11 +24,12 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.bench import AdminClient
 from hedgepub.server import DataDirError, LocalServer
 from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
+
+from .._pb import PublishRequest, PublishResponse, PubsubMessage
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="flock, chattr and mounts are POSIX")
 
@@ -61,10 +62,10 @@ def _publish_some(server: LocalServer, count: int = 300) -> None:
         admin.create_topic(TOPIC)
     with grpc.insecure_channel(server.address) as channel:
         publish = _publish_call(channel)
-        message = types.PubsubMessage.pb()
+        message = PubsubMessage
         for start in range(0, count, 100):
             batch = [message(data=os.urandom(200)) for _ in range(start, min(count, start + 100))]
-            publish(types.PublishRequest.pb()(topic=TOPIC, messages=batch), timeout=10)
+            publish(PublishRequest(topic=TOPIC, messages=batch), timeout=10)
 
 
 # --------------------------------------------------------------------------------------------- one server
@@ -208,8 +209,8 @@ def test_a_read_only_file_system_is_refused_before_ready(tmp_path: Path) -> None
 def _publish_call(channel: grpc.Channel) -> Any:
     return channel.unary_unary(
         "/google.pubsub.v1.Publisher/Publish",
-        request_serializer=types.PublishRequest.pb().SerializeToString,
-        response_deserializer=types.PublishResponse.pb().FromString,
+        request_serializer=PublishRequest.SerializeToString,
+        response_deserializer=PublishResponse.FromString,
     )
 
 
@@ -237,11 +238,11 @@ def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_retu
             publish = _publish_call(channel)
             stored = 10
             _fill(small / "ballast")
-            payload = types.PubsubMessage.pb()(data=b"x" * 200_000)
+            payload = PubsubMessage(data=b"x" * 200_000)
             refused = None
             for _ in range(100):  # what is left of the WAL and the pages fills within a few requests
                 try:
-                    publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                    publish(PublishRequest(topic=TOPIC, messages=[payload]), timeout=10)
                     stored += 1
                 except grpc.RpcError as error:
                     refused = error
@@ -261,6 +262,6 @@ def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_retu
             assert future.result(timeout=60)
             stored += 1
             for _ in range(3):
-                publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                publish(PublishRequest(topic=TOPIC, messages=[payload]), timeout=10)
                 stored += 1
             assert len(server.messages(TOPIC)) == stored  # the refused request left nothing behind

@@ -23,7 +23,18 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.pubsub_v1.types import pubsub as pubsub_types
+
+from .._pb import (
+    AcknowledgeRequest,
+    GetSubscriptionRequest,
+    PublishRequest,
+    PublishResponse,
+    PubsubMessage,
+    PullRequest,
+    PullResponse,
+    Subscription,
+    Topic,
+)
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
 
@@ -31,16 +42,6 @@ _CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 PROJECT = "durability"
 TOPIC = f"projects/{PROJECT}/topics/events"
 SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/events-sub"
-
-Topic: Any = pubsub_types.Topic.pb()
-Subscription: Any = pubsub_types.Subscription.pb()
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
-PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
-PullRequest: Any = pubsub_types.PullRequest.pb()
-PullResponse: Any = pubsub_types.PullResponse.pb()
-AcknowledgeRequest: Any = pubsub_types.AcknowledgeRequest.pb()
-GetSubscriptionRequest: Any = pubsub_types.GetSubscriptionRequest.pb()
 
 
 def _unary(channel: grpc.aio.Channel, path: str, response_class: Any) -> Any:

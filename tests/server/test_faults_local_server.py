@@ -10,19 +10,15 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import StatusCode
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
 from hedgepub.server._methods import METHODS
 
+from .._pb import PublishRequest, PublishResponse, PubsubMessage, Subscription, Topic
+
 TOPIC = "projects/faults/topics/orders"
 SUBSCRIPTION = "projects/faults/subscriptions/orders-sub"
-Topic: Any = pubsub_types.Topic.pb()
-Subscription: Any = pubsub_types.Subscription.pb()
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
-PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 
 
 def _unary(channel: grpc.aio.Channel, path: str, response_class: Any = None) -> Any:

@@ -21,14 +21,13 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
 
+from .._pb import PullRequest, PullResponse
+
 PROJECT = "projects/front-project"
-PullRequest: Any = pubsub_types.PullRequest.pb()
-PullResponse: Any = pubsub_types.PullResponse.pb()
 
 
 #: Both ways the front relays gRPC: by its relay process (Linux) and on the server's event loop.

@@ -8,11 +8,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub as types
+
+from .._pb import (
+    PublishRequest,
+    PubsubMessage,
+    PullRequest,
+    StreamingPullRequest,
+    StreamingPullResponse,
+    Subscription,
+    Topic,
+)
 
 TOPIC = "projects/p/topics/streamed"
 SUBSCRIPTION = "projects/p/subscriptions/streamed-sub"
-StreamingPullRequest: Any = types.StreamingPullRequest.pb()
 
 
 class Stream:
@@ -24,7 +32,7 @@ class Stream:
         stub = raw.channel.stream_stream(
             "/google.pubsub.v1.Subscriber/StreamingPull",
             request_serializer=StreamingPullRequest.SerializeToString,
-            response_deserializer=types.StreamingPullResponse.pb().FromString,
+            response_deserializer=StreamingPullResponse.FromString,
         )
         self.call = stub(self._iterate(), timeout=20)
         #: Every response read so far.
@@ -59,8 +67,8 @@ class Stream:
 
 
 def _create(raw: Any, **subscription: Any) -> Any:
-    raw.call("CreateTopic", types.Topic.pb()(name=TOPIC))
-    raw.call("CreateSubscription", types.Subscription.pb()(name=SUBSCRIPTION, topic=TOPIC, **subscription))
+    raw.call("CreateTopic", Topic(name=TOPIC))
+    raw.call("CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
     return raw
 
 
@@ -75,8 +83,8 @@ def exactly_once_setup(raw: Any) -> Any:
 
 
 def publish(raw: Any, *data: bytes) -> None:
-    messages = [types.PubsubMessage.pb()(data=item) for item in data]
-    raw.call("Publish", types.PublishRequest.pb()(topic=TOPIC, messages=messages))
+    messages = [PubsubMessage(data=item) for item in data]
+    raw.call("Publish", PublishRequest(topic=TOPIC, messages=messages))
 
 
 def test_acks_and_nacks_sent_on_the_stream(stream_setup: Any) -> None:
@@ -96,7 +104,7 @@ def test_acks_and_nacks_sent_on_the_stream(stream_setup: Any) -> None:
     finally:
         stream.close()
     pulled = raw.call(
-        "Pull", types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
+        "Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
     )
     assert list(pulled.received_messages) == []
     # Without exactly-once delivery no confirmation is ever sent: not even with the message redelivered
@@ -181,7 +189,7 @@ def test_exactly_once_confirms_valid_acks_and_modacks_on_the_stream(exactly_once
         assert confirmed.modacks == {"ack_ids": [by_data[b"slow"]]}
         assert confirmed.messages == []
         # Confirmed means done: the acknowledged message is gone and the extended one still leased.
-        pull = types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
+        pull = PullRequest(subscription=SUBSCRIPTION, max_messages=10, return_immediately=True)
         assert list(raw.call("Pull", pull).received_messages) == []
         stream.send(ack_ids=[by_data[b"slow"]])
         assert Confirmed().read(stream, acks=1, modacks=0).acks["ack_ids"] == [by_data[b"slow"]]
