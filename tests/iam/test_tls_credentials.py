@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,6 +47,8 @@ from hedgepub import (
 )
 from hedgepub.cli import main
 from hedgepub.server import IamConfig, IamEnforcer, LocalServer, ServiceError
+
+from .._cli import CLI
 
 PROJECT = "tls-project"
 TOPIC = f"projects/{PROJECT}/topics/orders"
@@ -327,7 +328,7 @@ def _create_topic(address: str, root_certificates: bytes, token: str) -> None:
 
 @pytest.mark.skipif(os.name != "posix", reason="stops the server with SIGTERM")
 def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> None:
-    command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve", "--in-memory"]
+    command = [*CLI, "serve", "--in-memory"]
     command += ["--port", "0", "--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:

@@ -15,11 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .._cli import served_address
 
 PROJECT = "gcloud-interop"
 TOPIC = "orders"
@@ -34,14 +35,8 @@ def serve() -> Iterator[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(30)
     try:
-        prefix = "export PUBSUB_EMULATOR_HOST="
-        assert line and line[0].decode().startswith(prefix), line
-        yield line[0].decode().strip()[len(prefix) :]
+        yield served_address(process, timeout=30)
     finally:
         process.terminate()
         process.wait(10)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,8 @@ from google.protobuf import duration_pb2, empty_pb2
 from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import LocalServer
+
+from .._cli import CLI, served_address
 
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/orders"
@@ -137,21 +137,14 @@ def hedgepub_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
         process = subprocess.Popen(
-            [*command, "--port", str(port), "--data-dir", str(tmp_path / "serve-data")],
+            [*CLI, "serve", "--port", str(port), "--data-dir", str(tmp_path / "serve-data")],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         started.append(process)
-        line: list[bytes] = []
-        stdout = process.stdout
-        assert stdout is not None
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(20)
-        assert line and line[0].startswith(b"export PUBSUB_EMULATOR_HOST="), line
+        served_address(process, timeout=20)
         return process
 
     yield start

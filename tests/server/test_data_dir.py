@@ -15,7 +15,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,18 +28,18 @@ from hedgepub.bench import AdminClient
 from hedgepub.server import DataDirError, LocalServer
 from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
 
+from .._cli import CLI
 from .._pb import PublishRequest, PublishResponse, PubsubMessage
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="flock, chattr and mounts are POSIX")
 
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 TOPIC = "projects/p/topics/orders"
 
 
 def _serve(data_dir: Path, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
     """``hedgepub serve`` on ``data_dir`` when it is expected not to start."""
     return subprocess.run(
-        [*_CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
+        [*CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -81,7 +80,7 @@ def test_a_second_server_on_the_same_directory_is_refused(tmp_path: Path) -> Non
 
 def test_a_second_serve_exits_1_naming_the_process_and_a_killed_one_leaves_no_lock(tmp_path: Path) -> None:
     first = subprocess.Popen(
-        [*_CLI, "serve", "--port", "0", "--data-dir", str(tmp_path)],
+        [*CLI, "serve", "--port", "0", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

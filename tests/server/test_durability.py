@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from .._cli import CLI, served_address
 from .._pb import (
     AcknowledgeRequest,
     GetSubscriptionRequest,
@@ -38,7 +38,6 @@ from .._pb import (
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
 
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 PROJECT = "durability"
 TOPIC = f"projects/{PROJECT}/topics/events"
 SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/events-sub"
@@ -58,20 +57,12 @@ class Server:
     def __init__(self, data_dir: Path, log_path: Path) -> None:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [*_CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
+            [*CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
             stdout=subprocess.PIPE,
             stderr=self._log,
             start_new_session=True,
         )
-        line: list[bytes] = []
-        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(15)
-        text = line[0].decode().strip() if line else ""
-        if not text.startswith("export PUBSUB_EMULATOR_HOST="):
-            self.kill()
-            pytest.fail(f"server did not start: {text!r}\n{log_path.read_text(errors='replace')}")
-        self.address = text.split("=", 1)[1]
+        self.address = served_address(self.process, timeout=15, log_path=log_path)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Any
 import grpc
 import pytest
 
+from .._cli import CLI
+
 HOST = "127.0.0.1"
 # No __main__ module in hedgepub.cli: run the console script's function, as the `hedgepub` command does.
-CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 
 
 def free_port() -> int:
