@@ -41,3 +41,15 @@ def served_address(process: subprocess.Popen[bytes], timeout: float, log_path: P
         log = "" if log_path is None else "\n" + log_path.read_text(errors="replace")
         pytest.fail(f"hedgepub serve did not get ready within {timeout} s: {text!r}{log}")
     return text[len(READY_PREFIX) :]
+
+
+def terminate(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stop ``process`` cleanly (SIGTERM), and with SIGKILL when it has not ended after ``timeout`` s."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)

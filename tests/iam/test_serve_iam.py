@@ -15,7 +15,7 @@ from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.cli import main
 
-from .._cli import CLI, served_address
+from .._cli import CLI, served_address, terminate
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="stops the server with POSIX signals")
 
@@ -50,12 +50,7 @@ def served(tmp_path: Path) -> Iterator[str]:
     try:
         yield served_address(process, timeout=15, log_path=tmp_path / "serve.log")
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
         log.close()
     assert "IAM enforcement on" in (tmp_path / "serve.log").read_text()
 

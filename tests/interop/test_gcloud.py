@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .._cli import served_address
+from .._cli import served_address, terminate
 
 PROJECT = "gcloud-interop"
 TOPIC = "orders"
@@ -38,8 +38,7 @@ def serve() -> Iterator[str]:
     try:
         yield served_address(process, timeout=30)
     finally:
-        process.terminate()
-        process.wait(10)
+        terminate(process)
 
 
 class Gcloud:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc.aio
 import pytest
 from google.cloud import pubsub_v1
 from google.iam.v1 import iam_policy_pb2, policy_pb2
@@ -19,6 +20,7 @@ from google.pubsub_v1.types import pubsub as types
 from hedgepub.server import LocalServer
 
 from .._cli import CLI, served_address
+from .._pb import Subscription, Topic
 
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/orders"
@@ -84,6 +86,24 @@ class RawClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def aio_stub(channel: grpc.aio.Channel, method: str) -> Any:
+    """An asyncio stub of ``method`` (short name, as :meth:`RawClient.call` takes) on ``channel``."""
+    return channel.unary_unary(
+        f"/{_SERVICES[method]}/{method}",
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=_RESPONSES[method].FromString,
+    )
+
+
+async def create_topic_and_subscription(address: str, topic: str, subscription: str, timeout: float) -> None:
+    """Create ``topic`` and ``subscription`` on it through raw gRPC calls, each given ``timeout`` s."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        await aio_stub(channel, "CreateTopic")(Topic(name=topic), timeout=timeout)
+        await aio_stub(channel, "CreateSubscription")(
+            Subscription(name=subscription, topic=topic), timeout=timeout
+        )
 
 
 @pytest.fixture(params=["memory", "sqlite"])

@@ -28,27 +28,16 @@ from .._pb import (
     AcknowledgeRequest,
     GetSubscriptionRequest,
     PublishRequest,
-    PublishResponse,
     PubsubMessage,
     PullRequest,
-    PullResponse,
-    Subscription,
-    Topic,
 )
+from .conftest import aio_stub, create_topic_and_subscription
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
 
 PROJECT = "durability"
 TOPIC = f"projects/{PROJECT}/topics/events"
 SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/events-sub"
-
-
-def _unary(channel: grpc.aio.Channel, path: str, response_class: Any) -> Any:
-    return channel.unary_unary(
-        path,
-        request_serializer=lambda message: message.SerializeToString(),
-        response_deserializer=response_class.FromString,
-    )
 
 
 class Server:
@@ -75,7 +64,7 @@ async def _publish_until_killed(address: str, acknowledged: dict[str, bytes], pu
     """Publish batches from several tasks until the server goes away; return the failed calls."""
     failures = 0
     async with grpc.aio.insecure_channel(address) as channel:
-        publish = _unary(channel, "/google.pubsub.v1.Publisher/Publish", PublishResponse)
+        publish = aio_stub(channel, "Publish")
         counter = iter(range(10**9))
 
         async def publisher(worker: int) -> None:
@@ -101,11 +90,8 @@ async def _drain(address: str, expected: set[str], timeout: float = 20.0) -> dic
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with grpc.aio.insecure_channel(address) as channel:
-        pull = _unary(channel, "/google.pubsub.v1.Subscriber/Pull", PullResponse)
-        acknowledge = channel.unary_unary(
-            "/google.pubsub.v1.Subscriber/Acknowledge",
-            request_serializer=lambda message: message.SerializeToString(),
-        )
+        pull = aio_stub(channel, "Pull")
+        acknowledge = aio_stub(channel, "Acknowledge")
         while not expected <= received.keys() and loop.time() < deadline:
             response = await pull(PullRequest(subscription=SUBSCRIPTION, max_messages=1000), timeout=10)
             for received_message in response.received_messages:
@@ -116,17 +102,9 @@ async def _drain(address: str, expected: set[str], timeout: float = 20.0) -> dic
     return received
 
 
-async def _create(address: str) -> None:
-    async with grpc.aio.insecure_channel(address) as channel:
-        await _unary(channel, "/google.pubsub.v1.Publisher/CreateTopic", Topic)(Topic(name=TOPIC), timeout=10)
-        await _unary(channel, "/google.pubsub.v1.Subscriber/CreateSubscription", Subscription)(
-            Subscription(name=SUBSCRIPTION, topic=TOPIC), timeout=10
-        )
-
-
 async def _get_subscription(address: str) -> Any:
     async with grpc.aio.insecure_channel(address) as channel:
-        return await _unary(channel, "/google.pubsub.v1.Subscriber/GetSubscription", Subscription)(
+        return await aio_stub(channel, "GetSubscription")(
             GetSubscriptionRequest(subscription=SUBSCRIPTION), timeout=10
         )
 
@@ -139,7 +117,7 @@ def test_kill_9_while_publishing_loses_no_acknowledged_message(tmp_path: Path) -
 
     server = Server(data_dir, log_path)
     try:
-        asyncio.run(_create(server.address))
+        asyncio.run(create_topic_and_subscription(server.address, TOPIC, SUBSCRIPTION, timeout=10))
         for round_number in range(rounds):
             kill_after = random.uniform(0.2, 0.6)
             timer = threading.Timer(kill_after, server.kill)

@@ -70,6 +70,10 @@ def test_an_ack_after_the_lease_expired_fails_and_a_valid_one_succeeds() -> None
             first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID",
             "garbage": "PERMANENT_FAILURE_INVALID_ACK_ID",
         }
+        # StreamingPull judges the same and gets the failures back, for its confirmations.
+        expired = {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+        assert core.modify_each(SUBSCRIPTION, [first.ack_id, second.ack_id], [60, 60]) == expired
+        assert await core.acknowledge(SUBSCRIPTION, [first.ack_id], report=False) == expired
         await core.acknowledge(SUBSCRIPTION, [second.ack_id])
         assert core.is_idle()
         # Acknowledged once: a second ack of the same ID fails too, nothing is delivered again.
@@ -132,6 +136,9 @@ def test_without_exactly_once_unknown_ack_ids_are_ignored() -> None:
         await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC))
         await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"])
         core.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-5"], 30)
+        # Nor is any confirmation due on a stream (None: not even an empty one).
+        assert await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"], report=False) is None
+        assert core.modify_each(SUBSCRIPTION, ["abcdef01-5"], [30]) is None
 
     run_virtual(scenario())
 

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
-from .._cli import CLI
+from .._cli import CLI, terminate
 
 HOST = "127.0.0.1"
 # No __main__ module in hedgepub.cli: run the console script's function, as the `hedgepub` command does.
@@ -126,13 +126,7 @@ class ServerProcess:
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        terminate(process)
         self.process = None
 
     def log(self) -> str:
