@@ -158,6 +158,38 @@ def run_official(topic: str, messages: int) -> float:
 
 #: The --otel variants: (name, OpenTelemetry importable, enabled, SDK providers). "official-sdk" is
 #: google-cloud-pubsub's client with its own tracing on, for reference.
+class _Rounds:
+    """Each variant's messages/s and CPU per message, round by round: the variant that goes first rotates
+    (so none always runs on a cold or a warm machine), and each run prints its line as it ends."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self._width = max(len(name) for name in names)
+        self._rates: dict[str, list[float]] = {name: [] for name in names}
+        self._cpu: dict[str, list[float]] = {name: [] for name in names}
+
+    def order(self, round_number: int) -> list[str]:
+        """The variants in the order they run in round ``round_number``."""
+        shift = round_number % len(self.names)
+        return self.names[shift:] + self.names[:shift]
+
+    def record(self, round_number: int, name: str, rate: float, cpu_us: float) -> None:
+        """Keep one run's figures and print them."""
+        self._rates[name].append(rate)
+        self._cpu[name].append(cpu_us)
+        print(
+            f"round {round_number + 1} {name:>{self._width}}: {rate:>10,.0f} messages/s  "
+            f"{cpu_us:6.1f} us CPU/message",
+            flush=True,
+        )
+
+    def medians(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Each variant's median messages/s, and its median CPU microseconds per message."""
+        rates = {name: statistics.median(values) for name, values in self._rates.items()}
+        cpu = {name: statistics.median(values) for name, values in self._cpu.items()}
+        return rates, cpu
+
+
 OTEL_VARIANTS = (
     ("without", False, False, False),
     ("off", True, False, False),
@@ -231,27 +263,18 @@ def otel_comparison(
     unknown = chosen - {name for name, *_ in OTEL_VARIANTS}
     if unknown:
         raise SystemExit(f"unknown --otel-variants: {', '.join(sorted(unknown))}")
-    results: dict[str, list[float]] = {name: [] for name, *_ in OTEL_VARIANTS if name in chosen}
-    cpu: dict[str, list[float]] = {name: [] for name in results}
-    names = list(results)
+    names = [name for name, *_ in OTEL_VARIANTS if name in chosen]
+    runs = _Rounds(names)
     for round_number in range(rounds):
-        order = names[round_number % len(names) :] + names[: round_number % len(names)]
-        for name in order:
+        for name in runs.order(round_number):
             receive, send = context.Pipe(duplex=False)
             topic = create_topic(address, f"otel-{round_number}-{name}")
             child = context.Process(target=_otel_child, args=(name, address, topic, messages, send))
             child.start()
             rate, cpu_us = receive.recv()
             child.join(60)
-            results[name].append(rate)
-            cpu[name].append(cpu_us)
-            print(
-                f"round {round_number + 1} {name:>12}: {rate:>10,.0f} messages/s  "
-                f"{cpu_us:>7.1f} CPU us/message",
-                flush=True,
-            )
-    medians = {name: statistics.median(rates) for name, rates in results.items()}
-    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+            runs.record(round_number, name, rate, cpu_us)
+    medians, cpu_medians = runs.medians()
     without = medians["without"]
     print()
     print(
@@ -261,7 +284,7 @@ def otel_comparison(
     for name in names:
         print(
             f"{name:>12}: {medians[name]:>10,.0f} messages/s  {medians[name] / without:>5.2f}x of without  "
-            f"{cpu_medians[name]:>7.1f} CPU us/message  {cpu_medians[name] / cpu_medians['without']:>5.2f}x"
+            f"{cpu_medians[name]:>7.1f} us CPU/message  {cpu_medians[name] / cpu_medians['without']:>5.2f}x"
         )
     off_ratio = medians["off"] / without
     print(
@@ -312,8 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     names = ["off", "on"] + (["off-threads", "on-threads"] if threaded else [])
     names += [] if options.no_official or options.no_server else ["official"]
 
-    results: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
+    runs = _Rounds(names)
     hedges = 0
     with contextlib.ExitStack() as stack:
         if options.no_server:
@@ -330,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         if "official" in names:
             run_official(create_topic(address, "warm-up-official"), 2_000)
         for round_number in range(options.rounds):
-            shift = round_number % len(names)
-            order = names[shift:] + names[:shift]  # rotate who goes first
-            for name in order:
+            for name in runs.order(round_number):
                 topic = topic_of(f"round-{round_number}-{name}")
                 if name == "official":
                     rate = run_official(topic, options.messages)
@@ -346,16 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                         server=not options.no_server,
                     )
                     hedges += sent
-                results[name].append(rate)
-                cpu[name].append(last_cpu_us_per_message)
-                print(
-                    f"round {round_number + 1} {name:>11}: {rate:>10,.0f} messages/s  "
-                    f"{last_cpu_us_per_message:6.1f} us CPU/message",
-                    flush=True,
-                )
+                runs.record(round_number, name, rate, last_cpu_us_per_message)
 
-    rates = {name: statistics.median(values) for name, values in results.items()}
-    cpus = {name: statistics.median(values) for name, values in cpu.items()}
+    rates, cpus = runs.medians()
     print()
     print(
         f"{options.messages:,} messages of {len(PAYLOAD)} bytes, default batch settings, "

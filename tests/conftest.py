@@ -59,11 +59,14 @@ class PushEndpoint:
     """An HTTP/1.1 server on an ephemeral port of 127.0.0.1 that records every POST.
 
     It answers ``status`` (settable at any time: 200 to acknowledge, 500 to refuse), each answer after
-    the next of ``delays`` (seconds; none once they are used up).
+    the next of ``delays`` (seconds; none once they are used up). ``check``, when set, is called with
+    each request's headers first, and a status it returns is answered instead (an endpoint that checks
+    authentication answers 401 or 403).
     """
 
     def __init__(self) -> None:
         self.status = 200
+        self.check: Callable[[dict[str, str]], int | None] | None = None
         self.delays: list[float] = []
         self.requests: list[PushRequest] = []
         self._changed = threading.Condition()
@@ -74,7 +77,9 @@ class PushEndpoint:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status = endpoint.status
+                check = endpoint.check
+                refused = check(dict(self.headers.items())) if check is not None else None
+                status = endpoint.status if refused is None else refused
                 with endpoint._changed:
                     delay = endpoint.delays.pop(0) if endpoint.delays else 0.0
                     endpoint.requests.append(

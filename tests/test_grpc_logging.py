@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from ._cli import CLI
+
 # Binds a port that is taken: gRPC's core then logs "E... add_port.cc:...] Failed to add port ..." on its
 # own, besides the RuntimeError Python gets. FIRST decides what is imported before grpc.
 _SCRIPT = """
@@ -63,8 +65,7 @@ def test_a_verbosity_the_user_set_is_kept(busy_port: int) -> None:
 
 
 def test_serve_on_a_taken_port_prints_one_clean_line(busy_port: int) -> None:
-    cli = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
-    completed = _run([*cli, "serve", "--port", str(busy_port), "--in-memory"])
+    completed = _run([*CLI, "serve", "--port", str(busy_port), "--in-memory"])
     assert completed.returncode == 1
     assert completed.stderr.splitlines() == [
         f"Error: cannot start the server on 127.0.0.1:{busy_port}: cannot listen on 127.0.0.1:{busy_port} "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
 from hedgepub.cli._admin import EXIT_ALREADY_EXISTS, EXIT_NOT_FOUND, EXIT_UNREACHABLE
+
+from .._cli import CLI
 
 PROJECT = "local-project"
 ORDERS = f"projects/{PROJECT}/topics/orders"
@@ -161,7 +162,7 @@ def test_malformed_options_are_usage_errors(hedgepub_cli, args, message) -> None
 
 def test_the_installed_command_reports_errors_by_exit_code(closed_port) -> None:
     completed = subprocess.run(
-        [sys.executable, "-c", "from hedgepub.cli import main; main()", "topics", "list"],
+        [*CLI, "topics", "list"],
         env={"PUBSUB_EMULATOR_HOST": f"127.0.0.1:{closed_port}", "PATH": ""},
         capture_output=True,
         text=True,

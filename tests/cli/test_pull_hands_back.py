@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 
 from hedgepub.bench import AdminClient
+
+from .._cli import CLI
 
 PROJECT = "local-project"
 TOPIC = f"projects/{PROJECT}/topics/orders"
@@ -46,7 +47,7 @@ def test_messages_that_could_not_be_printed_are_handed_back_at_once(pubsub_serve
     os.close(read_end)  # nobody reads: the first line printed meets a closed pipe, as with `| head -0`
     try:
         completed = subprocess.run(
-            [sys.executable, "-c", "from hedgepub.cli import main; main()", "pull", "audit", "--ack"],
+            [*CLI, "pull", "audit", "--ack"],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +15,10 @@ from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.cli import main
 
+from .._cli import CLI, served_address, terminate
+
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="stops the server with POSIX signals")
 
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 TOKENS = {"t-admin": "user:admin@example.com", "t-ci": "serviceAccount:ci@p.iam.gserviceaccount.com"}
 POLICY = {
     "bindings": [
@@ -43,27 +42,15 @@ def served(tmp_path: Path) -> Iterator[str]:
     """A ``hedgepub serve --iam enforce`` process on an ephemeral port; yields its address."""
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        [*_CLI, "serve", "--in-memory", "--port", "0", *_files(tmp_path)],
+        [*CLI, "serve", "--in-memory", "--port", "0", *_files(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=log,
         start_new_session=True,
     )
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(15)
     try:
-        prefix = "export PUBSUB_EMULATOR_HOST="
-        text = line[0].decode().strip() if line else ""
-        assert text.startswith(prefix), (text, (tmp_path / "serve.log").read_text())
-        yield text[len(prefix) :]
+        yield served_address(process, timeout=15, log_path=tmp_path / "serve.log")
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
         log.close()
     assert "IAM enforcement on" in (tmp_path / "serve.log").read_text()
 

@@ -20,7 +20,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -51,6 +50,8 @@ from hedgepub import (
 )
 from hedgepub.cli import main
 from hedgepub.server import IamConfig, IamEnforcer, LocalServer, ServiceError
+
+from .._cli import CLI
 
 PROJECT = "tls-project"
 TOPIC = f"projects/{PROJECT}/topics/orders"
@@ -256,7 +257,7 @@ def _create_topic(address: str, root_certificates: bytes, token: str) -> None:
 
 @pytest.mark.skipif(os.name != "posix", reason="stops the server with SIGTERM")
 def test_hedgepub_serve_with_tls_cert_and_key(certificates: Any) -> None:
-    command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve", "--in-memory"]
+    command = [*CLI, "serve", "--in-memory"]
     command += ["--port", "0", "--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
@@ -402,6 +403,11 @@ def test_the_official_client_and_plain_https_share_one_tls_port_under_iam(certif
                 published["messageIds"][0],
                 b"over REST",
             )
+        # The keys that verify push OIDC tokens are served on the same TLS port.
+        certs_url = server.push_certs_url
+        assert certs_url is not None and certs_url.startswith(f"https://{server.address}/")
+        status, keys = https.request("GET", certs_url.removeprefix(f"https://{server.address}"))
+        assert status == 200 and keys and all("CERTIFICATE" in pem for pem in keys.values())
         https.connection.close()
 
 

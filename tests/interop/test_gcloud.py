@@ -16,12 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .._cli import first_line, served_address, terminate
 
 PROJECT = "gcloud-interop"
 TOPIC = "orders"
@@ -36,17 +37,10 @@ def serve() -> Iterator[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(30)
     try:
-        prefix = "export PUBSUB_EMULATOR_HOST="
-        assert line and line[0].decode().startswith(prefix), line
-        yield line[0].decode().strip()[len(prefix) :]
+        yield served_address(process, timeout=30)
     finally:
-        process.terminate()
-        process.wait(10)
+        terminate(process)
 
 
 class Gcloud:
@@ -139,16 +133,12 @@ def serve_tls(certificates: Any) -> Iterator[str]:
     command = [sys.executable, "-m", "hedgepub", "serve", "--in-memory", "--port", "0"]
     command += ["--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(30)
     try:
-        assert line and line[0].decode().startswith("endpoint=https://"), line
-        yield line[0].decode().strip().removeprefix("endpoint=")
+        line = first_line(process, timeout=30)
+        assert line.startswith("endpoint=https://"), line
+        yield line.removeprefix("endpoint=")
     finally:
-        process.terminate()
-        process.wait(10)
+        terminate(process)
 
 
 def test_gcloud_over_tls_trusting_a_private_ca(serve_tls: str, certificates: Any, tmp_path: Path) -> None:

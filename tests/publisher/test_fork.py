@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,47 +57,52 @@ def in_child(body):
 """
 
 
-def _run(server: LocalServer, topic: str, tmp_path: object, script: str) -> dict[str, object]:
-    code = _PRELUDE + textwrap.dedent(script) + "\nprint(json.dumps(report))\n"
-    env = {**os.environ, "HEDGEPUB_REPORT_DIR": str(tmp_path)}
-    # A session of its own, so that a hang can be ended with its forked children, not only the script.
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, server.address, topic],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        pytest.fail(f"the scenario hung: still running after {LIMIT} s")
-    assert process.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+class _Scenario:
+    """Runs scenario scripts against this test's server and topic, and reads what the topic stored."""
+
+    def __init__(self, server: LocalServer, topic: str, report_dir: Path) -> None:
+        self.server = server
+        self.topic = topic
+        self.report_dir = report_dir
+
+    def run(self, script: str) -> dict[str, Any]:
+        """Run ``script`` after the prelude in a fresh interpreter; return its ``report``."""
+        code = _PRELUDE + textwrap.dedent(script) + "\nprint(json.dumps(report))\n"
+        env = {**os.environ, "HEDGEPUB_REPORT_DIR": str(self.report_dir)}
+        # A session of its own, so that a hang can be ended with its forked children, not only the script.
+        process = subprocess.Popen(
+            [sys.executable, "-c", code, self.server.address, self.topic],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=LIMIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            pytest.fail(f"the scenario hung: still running after {LIMIT} s")
+        assert process.returncode == 0, stderr[-3000:]
+        return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    def stored(self) -> list[bytes]:
+        """The data of every message stored on the topic, sorted."""
+        return sorted(message.data for message in self.server.messages(self.topic))
 
 
 @pytest.fixture
-def topic(pubsub_server: LocalServer) -> str:
+def scenario(pubsub_server: LocalServer, tmp_path: Path) -> _Scenario:
+    """The scenario runner, on the topic ``forked`` (its id is in the span names the traced test reads)."""
     name = "projects/test-project/topics/forked"
     with AdminClient(pubsub_server.address) as admin:
         admin.create_topic(name)
-    return name
+    return _Scenario(pubsub_server, name, tmp_path)
 
 
-def _stored(server: LocalServer, topic: str) -> list[bytes]:
-    return sorted(message.data for message in server.messages(topic))
-
-
-def test_a_client_that_never_published_works_in_the_forked_child(
-    pubsub_server: LocalServer, topic: str, tmp_path: object
-) -> None:
-    report = _run(
-        pubsub_server,
-        topic,
-        tmp_path,
+def test_a_client_that_never_published_works_in_the_forked_child(scenario: _Scenario) -> None:
+    report = scenario.run(
         """
         publisher = PublisherClient(endpoint=address)  # made before the fork, as gunicorn --preload does
 
@@ -113,8 +120,8 @@ def test_a_client_that_never_published_works_in_the_forked_child(
     assert report["child_status"] == 0
     child = report["child"]
     assert "crashed" not in child, child
-    assert len(set(child["ids"])) == 3  # type: ignore[arg-type, index]
-    assert _stored(pubsub_server, topic) == [
+    assert len(set(child["ids"])) == 3
+    assert scenario.stored() == [
         b"child-0",
         b"child-1",
         b"child-2",
@@ -123,13 +130,8 @@ def test_a_client_that_never_published_works_in_the_forked_child(
     ]
 
 
-def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(
-    pubsub_server: LocalServer, topic: str, tmp_path: object
-) -> None:
-    report = _run(
-        pubsub_server,
-        topic,
-        tmp_path,
+def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(scenario: _Scenario) -> None:
+    report = scenario.run(
         """
         publisher = PublisherClient(endpoint=address, batch_settings=BatchSettings(max_latency=1.0))
         publisher.publish(topic, b"before").result(timeout=20)  # the channel is open now
@@ -153,21 +155,16 @@ def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(
     )
     assert report["child_status"] == 0
     child = report["child"]
-    assert child["inherited_done"] is True, child  # type: ignore[index]
-    assert "before os.fork()" in child["inherited_error"]  # type: ignore[index, operator]
-    assert "os.fork()" in child["refused"] and "Create the client in the child" in child["refused"]  # type: ignore[index, operator]
-    assert child["seconds"] < 5  # type: ignore[index, operator]
+    assert child["inherited_done"] is True, child
+    assert "before os.fork()" in child["inherited_error"]
+    assert "os.fork()" in child["refused"] and "Create the client in the child" in child["refused"]
+    assert child["seconds"] < 5
     # The parent still owns the pending message and publishes it, once.
-    assert _stored(pubsub_server, topic) == [b"before", b"pending-at-fork"]
+    assert scenario.stored() == [b"before", b"pending-at-fork"]
 
 
-def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(
-    pubsub_server: LocalServer, topic: str, tmp_path: object
-) -> None:
-    report = _run(
-        pubsub_server,
-        topic,
-        tmp_path,
+def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(scenario: _Scenario) -> None:
+    report = scenario.run(
         """
         publisher = PublisherClient(endpoint=address)
 
@@ -182,17 +179,14 @@ def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(
             publisher.shutdown()
         """,
     )
-    assert len(set(report["ids"])) == 6  # type: ignore[arg-type]
-    assert _stored(pubsub_server, topic) == [b"worker-%d" % number for number in range(6)]
+    assert len(set(report["ids"])) == 6
+    assert scenario.stored() == [b"worker-%d" % number for number in range(6)]
 
 
 def test_a_traced_client_made_before_the_fork_traces_the_child_publishes_with_the_child_core(
-    pubsub_server: LocalServer, topic: str, tmp_path: object
+    scenario: _Scenario,
 ) -> None:
-    report = _run(
-        pubsub_server,
-        topic,
-        tmp_path,
+    report = scenario.run(
         """
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -220,9 +214,9 @@ def test_a_traced_client_made_before_the_fork_traces_the_child_publishes_with_th
         """,
     )
     child = report["child"]
-    assert report["child_status"] == 0 and "crashed" not in child, child  # type: ignore[operator]
-    names = child["spans"]  # type: ignore[index]
-    assert "forked create" in names and "forked publish" in names, names  # type: ignore[operator]
+    assert report["child_status"] == 0 and "crashed" not in child, child
+    names = child["spans"]
+    assert "forked create" in names and "forked publish" in names, names
     # The child's batch span links the child's create span: both come from the child's own core.
-    assert child["create_linked_to_publish"] is True, child  # type: ignore[index]
-    assert _stored(pubsub_server, topic) == [b"traced-child"]
+    assert child["create_linked_to_publish"] is True, child
+    assert scenario.stored() == [b"traced-child"]

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc.aio
 import pytest
 from google.cloud import pubsub_v1
 from google.iam.v1 import iam_policy_pb2, policy_pb2
@@ -19,6 +18,9 @@ from google.protobuf import duration_pb2, empty_pb2
 from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import LocalServer
+
+from .._cli import CLI, served_address
+from .._pb import Subscription, Topic
 
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/orders"
@@ -86,6 +88,24 @@ class RawClient:
         self.channel.close()
 
 
+def aio_stub(channel: grpc.aio.Channel, method: str) -> Any:
+    """An asyncio stub of ``method`` (short name, as :meth:`RawClient.call` takes) on ``channel``."""
+    return channel.unary_unary(
+        f"/{_SERVICES[method]}/{method}",
+        request_serializer=lambda message: message.SerializeToString(),
+        response_deserializer=_RESPONSES[method].FromString,
+    )
+
+
+async def create_topic_and_subscription(address: str, topic: str, subscription: str, timeout: float) -> None:
+    """Create ``topic`` and ``subscription`` on it through raw gRPC calls, each given ``timeout`` s."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        await aio_stub(channel, "CreateTopic")(Topic(name=topic), timeout=timeout)
+        await aio_stub(channel, "CreateSubscription")(
+            Subscription(name=subscription, topic=topic), timeout=timeout
+        )
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 def server(
     request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
@@ -137,21 +157,14 @@ def hedgepub_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-c", "from hedgepub.cli import main; main()", "serve"]
         process = subprocess.Popen(
-            [*command, "--port", str(port), "--data-dir", str(tmp_path / "serve-data")],
+            [*CLI, "serve", "--port", str(port), "--data-dir", str(tmp_path / "serve-data")],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         started.append(process)
-        line: list[bytes] = []
-        stdout = process.stdout
-        assert stdout is not None
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(20)
-        assert line and line[0].startswith(b"export PUBSUB_EMULATOR_HOST="), line
+        served_address(process, timeout=20)
         return process
 
     yield start

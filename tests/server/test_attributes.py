@@ -7,29 +7,28 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as types
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from hedgepub.server import LocalServer
 
+from .._pb import PublishRequest, PubsubMessage, Topic
+
 TOPIC = "projects/test-project/topics/traced"
 SUBSCRIPTION = "projects/test-project/subscriptions/traced-sub"
-
-PubsubMessage: Any = types.PubsubMessage.pb()
 
 
 @pytest.mark.parametrize("key", ["googclient_traceparent", "googclient_", "googclient_schema_x"])
 def test_googclient_keys_are_accepted(raw: Any, key: str) -> None:
-    raw.call("CreateTopic", types.Topic.pb()(name=TOPIC))
-    request = types.PublishRequest.pb()(topic=TOPIC, messages=[PubsubMessage(attributes={key: "v"})])
+    raw.call("CreateTopic", Topic(name=TOPIC))
+    request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(attributes={key: "v"})])
     assert raw.call("Publish", request).message_ids
 
 
 @pytest.mark.parametrize("key", ["goog", "googclient", "goog_x", "googleclient_x", "googclient-x"])
 def test_other_goog_keys_are_refused(raw: Any, key: str) -> None:
-    raw.call("CreateTopic", types.Topic.pb()(name=TOPIC))
-    request = types.PublishRequest.pb()(topic=TOPIC, messages=[PubsubMessage(attributes={key: "v"})])
+    raw.call("CreateTopic", Topic(name=TOPIC))
+    request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(attributes={key: "v"})])
     error = raw.error("Publish", request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"key={key}" in error.details()

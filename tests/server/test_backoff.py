@@ -14,16 +14,12 @@ from hedgepub._virtual_time import run_virtual
 from hedgepub.server import MemoryStore, PubSubCore
 from hedgepub.server._delivery import retry_delay
 
+from .._pb import PubsubMessage, RetryPolicy, Subscription, Topic
 from .conftest import duration
 
 TOPIC = "projects/p/topics/events"
 SUBSCRIPTION = "projects/p/subscriptions/events-sub"
 DEAD_LETTERS = "projects/p/topics/dead-letters"
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
-RetryPolicy: Any = types.RetryPolicy.pb()
 
 
 def policy(minimum: float, maximum: float) -> Any:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,22 +23,23 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.bench import AdminClient
 from hedgepub.server import DataDirError, LocalServer
 from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
 
+from .._cli import CLI
+from .._pb import PublishRequest, PublishResponse, PubsubMessage
+
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="flock, chattr and mounts are POSIX")
 
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 TOPIC = "projects/p/topics/orders"
 
 
 def _serve(data_dir: Path, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
     """``hedgepub serve`` on ``data_dir`` when it is expected not to start."""
     return subprocess.run(
-        [*_CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
+        [*CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -61,10 +61,10 @@ def _publish_some(server: LocalServer, count: int = 300) -> None:
         admin.create_topic(TOPIC)
     with grpc.insecure_channel(server.address) as channel:
         publish = _publish_call(channel)
-        message = types.PubsubMessage.pb()
+        message = PubsubMessage
         for start in range(0, count, 100):
             batch = [message(data=os.urandom(200)) for _ in range(start, min(count, start + 100))]
-            publish(types.PublishRequest.pb()(topic=TOPIC, messages=batch), timeout=10)
+            publish(PublishRequest(topic=TOPIC, messages=batch), timeout=10)
 
 
 # --------------------------------------------------------------------------------------------- one server
@@ -80,7 +80,7 @@ def test_a_second_server_on_the_same_directory_is_refused(tmp_path: Path) -> Non
 
 def test_a_second_serve_exits_1_naming_the_process_and_a_killed_one_leaves_no_lock(tmp_path: Path) -> None:
     first = subprocess.Popen(
-        [*_CLI, "serve", "--port", "0", "--data-dir", str(tmp_path)],
+        [*CLI, "serve", "--port", "0", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -208,8 +208,8 @@ def test_a_read_only_file_system_is_refused_before_ready(tmp_path: Path) -> None
 def _publish_call(channel: grpc.Channel) -> Any:
     return channel.unary_unary(
         "/google.pubsub.v1.Publisher/Publish",
-        request_serializer=types.PublishRequest.pb().SerializeToString,
-        response_deserializer=types.PublishResponse.pb().FromString,
+        request_serializer=PublishRequest.SerializeToString,
+        response_deserializer=PublishResponse.FromString,
     )
 
 
@@ -237,11 +237,11 @@ def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_retu
             publish = _publish_call(channel)
             stored = 10
             _fill(small / "ballast")
-            payload = types.PubsubMessage.pb()(data=b"x" * 200_000)
+            payload = PubsubMessage(data=b"x" * 200_000)
             refused = None
             for _ in range(100):  # what is left of the WAL and the pages fills within a few requests
                 try:
-                    publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                    publish(PublishRequest(topic=TOPIC, messages=[payload]), timeout=10)
                     stored += 1
                 except grpc.RpcError as error:
                     refused = error
@@ -261,6 +261,6 @@ def test_a_full_disk_answers_unavailable_and_the_server_recovers_when_space_retu
             assert future.result(timeout=60)
             stored += 1
             for _ in range(3):
-                publish(types.PublishRequest.pb()(topic=TOPIC, messages=[payload]), timeout=10)
+                publish(PublishRequest(topic=TOPIC, messages=[payload]), timeout=10)
                 stored += 1
             assert len(server.messages(TOPIC)) == stored  # the refused request left nothing behind

@@ -6,18 +6,15 @@ import asyncio
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub._virtual_time import run_virtual
 from hedgepub.server import MemoryStore, PubSubCore, ServiceError
 
+from .._pb import PubsubMessage, PullResponse, Subscription, Topic
+
 TOPIC = "projects/p/topics/events"
 SUBSCRIPTION = "projects/p/subscriptions/events-sub"
 DEAD_LETTERS = "projects/p/topics/dead-letters"
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
 
 
 async def make_core(**subscription: Any) -> PubSubCore:
@@ -484,7 +481,7 @@ def test_pull_responses_stay_under_four_mebibytes_and_a_larger_message_goes_alon
             await publish(core, *([b"x" * 5000] * 500))
         sizes = []
         while batch := await core.pull(SUBSCRIPTION, 1000, 0):
-            response = types.PullResponse.pb()(received_messages=batch)
+            response = PullResponse(received_messages=batch)
             sizes.append(response.ByteSize())
             await core.acknowledge(SUBSCRIPTION, [r.ack_id for r in batch])
         assert max(sizes) <= MAX_RESPONSE_BYTES < 4 * 1024 * 1024 and len(sizes) >= 3

@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,32 +22,22 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.pubsub_v1.types import pubsub as pubsub_types
+
+from .._cli import CLI, served_address
+from .._pb import (
+    AcknowledgeRequest,
+    GetSubscriptionRequest,
+    PublishRequest,
+    PubsubMessage,
+    PullRequest,
+)
+from .conftest import aio_stub, create_topic_and_subscription
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server process with SIGKILL")
 
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 PROJECT = "durability"
 TOPIC = f"projects/{PROJECT}/topics/events"
 SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/events-sub"
-
-Topic: Any = pubsub_types.Topic.pb()
-Subscription: Any = pubsub_types.Subscription.pb()
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
-PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
-PullRequest: Any = pubsub_types.PullRequest.pb()
-PullResponse: Any = pubsub_types.PullResponse.pb()
-AcknowledgeRequest: Any = pubsub_types.AcknowledgeRequest.pb()
-GetSubscriptionRequest: Any = pubsub_types.GetSubscriptionRequest.pb()
-
-
-def _unary(channel: grpc.aio.Channel, path: str, response_class: Any) -> Any:
-    return channel.unary_unary(
-        path,
-        request_serializer=lambda message: message.SerializeToString(),
-        response_deserializer=response_class.FromString,
-    )
 
 
 class Server:
@@ -57,20 +46,12 @@ class Server:
     def __init__(self, data_dir: Path, log_path: Path) -> None:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [*_CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
+            [*CLI, "serve", "--port", "0", "--data-dir", str(data_dir)],
             stdout=subprocess.PIPE,
             stderr=self._log,
             start_new_session=True,
         )
-        line: list[bytes] = []
-        reader = threading.Thread(target=lambda: line.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(15)
-        text = line[0].decode().strip() if line else ""
-        if not text.startswith("export PUBSUB_EMULATOR_HOST="):
-            self.kill()
-            pytest.fail(f"server did not start: {text!r}\n{log_path.read_text(errors='replace')}")
-        self.address = text.split("=", 1)[1]
+        self.address = served_address(self.process, timeout=15, log_path=log_path)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -83,7 +64,7 @@ async def _publish_until_killed(address: str, acknowledged: dict[str, bytes], pu
     """Publish batches from several tasks until the server goes away; return the failed calls."""
     failures = 0
     async with grpc.aio.insecure_channel(address) as channel:
-        publish = _unary(channel, "/google.pubsub.v1.Publisher/Publish", PublishResponse)
+        publish = aio_stub(channel, "Publish")
         counter = iter(range(10**9))
 
         async def publisher(worker: int) -> None:
@@ -109,11 +90,8 @@ async def _drain(address: str, expected: set[str], timeout: float = 20.0) -> dic
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     async with grpc.aio.insecure_channel(address) as channel:
-        pull = _unary(channel, "/google.pubsub.v1.Subscriber/Pull", PullResponse)
-        acknowledge = channel.unary_unary(
-            "/google.pubsub.v1.Subscriber/Acknowledge",
-            request_serializer=lambda message: message.SerializeToString(),
-        )
+        pull = aio_stub(channel, "Pull")
+        acknowledge = aio_stub(channel, "Acknowledge")
         while not expected <= received.keys() and loop.time() < deadline:
             response = await pull(PullRequest(subscription=SUBSCRIPTION, max_messages=1000), timeout=10)
             for received_message in response.received_messages:
@@ -124,17 +102,9 @@ async def _drain(address: str, expected: set[str], timeout: float = 20.0) -> dic
     return received
 
 
-async def _create(address: str) -> None:
-    async with grpc.aio.insecure_channel(address) as channel:
-        await _unary(channel, "/google.pubsub.v1.Publisher/CreateTopic", Topic)(Topic(name=TOPIC), timeout=10)
-        await _unary(channel, "/google.pubsub.v1.Subscriber/CreateSubscription", Subscription)(
-            Subscription(name=SUBSCRIPTION, topic=TOPIC), timeout=10
-        )
-
-
 async def _get_subscription(address: str) -> Any:
     async with grpc.aio.insecure_channel(address) as channel:
-        return await _unary(channel, "/google.pubsub.v1.Subscriber/GetSubscription", Subscription)(
+        return await aio_stub(channel, "GetSubscription")(
             GetSubscriptionRequest(subscription=SUBSCRIPTION), timeout=10
         )
 
@@ -147,7 +117,7 @@ def test_kill_9_while_publishing_loses_no_acknowledged_message(tmp_path: Path) -
 
     server = Server(data_dir, log_path)
     try:
-        asyncio.run(_create(server.address))
+        asyncio.run(create_topic_and_subscription(server.address, TOPIC, SUBSCRIPTION, timeout=10))
         for round_number in range(rounds):
             kill_after = random.uniform(0.2, 0.6)
             timer = threading.Timer(kill_after, server.kill)

@@ -14,20 +14,24 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as subscriber_exceptions
 from google.protobuf import field_mask_pb2
-from google.pubsub_v1.types import pubsub as types
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from hedgepub._virtual_time import run_virtual
 from hedgepub.server import LocalServer, MemoryStore, PubSubCore, ServiceError
 
+from .._pb import (
+    AcknowledgeRequest,
+    ModifyAckDeadlineRequest,
+    PubsubMessage,
+    Subscription,
+    Topic,
+    UpdateSubscriptionRequest,
+)
+
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/payments"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/payments-once"
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
 
 
 # ---------------------------------------------------------------- the core, on virtual time
@@ -66,6 +70,10 @@ def test_an_ack_after_the_lease_expired_fails_and_a_valid_one_succeeds() -> None
             first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID",
             "garbage": "PERMANENT_FAILURE_INVALID_ACK_ID",
         }
+        # StreamingPull judges the same and gets the failures back, for its confirmations.
+        expired = {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+        assert core.modify_each(SUBSCRIPTION, [first.ack_id, second.ack_id], [60, 60]) == expired
+        assert await core.acknowledge(SUBSCRIPTION, [first.ack_id], report=False) == expired
         await core.acknowledge(SUBSCRIPTION, [second.ack_id])
         assert core.is_idle()
         # Acknowledged once: a second ack of the same ID fails too, nothing is delivered again.
@@ -128,6 +136,9 @@ def test_without_exactly_once_unknown_ack_ids_are_ignored() -> None:
         await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC))
         await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"])
         core.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-5"], 30)
+        # Nor is any confirmation due on a stream (None: not even an empty one).
+        assert await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"], report=False) is None
+        assert core.modify_each(SUBSCRIPTION, ["abcdef01-5"], [30]) is None
 
     run_virtual(scenario())
 
@@ -138,9 +149,7 @@ def test_the_status_details_reach_a_raw_client(raw: Any) -> None:
     raw.call(
         "CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC, enable_exactly_once_delivery=True)
     )
-    error = raw.error(
-        "Acknowledge", types.AcknowledgeRequest.pb()(subscription=SUBSCRIPTION, ack_ids=["bad"])
-    )
+    error = raw.error("Acknowledge", AcknowledgeRequest(subscription=SUBSCRIPTION, ack_ids=["bad"]))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     status = rpc_status.from_call(error)
     assert status is not None
@@ -170,10 +179,10 @@ def test_the_official_client_acks_with_response(
         try:
             raw.unary_unary(
                 "/google.pubsub.v1.Subscriber/ModifyAckDeadline",
-                request_serializer=types.ModifyAckDeadlineRequest.pb().SerializeToString,
+                request_serializer=ModifyAckDeadlineRequest.SerializeToString,
                 response_deserializer=lambda data: data,
             )(
-                types.ModifyAckDeadlineRequest.pb()(
+                ModifyAckDeadlineRequest(
                     subscription=SUBSCRIPTION, ack_ids=[first.ack_id], ack_deadline_seconds=0
                 ),
                 timeout=10,
@@ -198,12 +207,12 @@ def test_the_official_client_acks_with_response(
 def test_exactly_once_can_be_turned_on_by_update(raw: Any) -> None:
     raw.call("CreateTopic", Topic(name=TOPIC))
     raw.call("CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC))
-    update = types.UpdateSubscriptionRequest.pb()(
+    update = UpdateSubscriptionRequest(
         subscription=Subscription(name=SUBSCRIPTION, enable_exactly_once_delivery=True),
         update_mask=field_mask_pb2.FieldMask(paths=["enable_exactly_once_delivery"]),
     )
     assert raw.call("UpdateSubscription", update).enable_exactly_once_delivery
-    error = raw.error("Acknowledge", types.AcknowledgeRequest.pb()(subscription=SUBSCRIPTION, ack_ids=["x"]))
+    error = raw.error("Acknowledge", AcknowledgeRequest(subscription=SUBSCRIPTION, ack_ids=["x"]))
     assert "acknowledgement ids" in error.details()
 
 

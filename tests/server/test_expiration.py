@@ -11,18 +11,15 @@ from typing import Any
 
 import pytest
 from google.protobuf import duration_pb2
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub._virtual_time import run_virtual
 from hedgepub.server import MemoryStore, PubSubCore, ServiceError
 
+from .._pb import ExpirationPolicy, PubsubMessage, Subscription, Topic
+
 TOPIC = "projects/p/topics/events"
 SUBSCRIPTION = "projects/p/subscriptions/events-sub"
 DAY = 24 * 3600.0
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-ExpirationPolicy: Any = types.ExpirationPolicy.pb()
 
 
 async def make_core(policy: Any | None) -> PubSubCore:
@@ -88,7 +85,7 @@ def test_a_policy_without_ttl_never_expires() -> None:
 def test_activity_restarts_the_ttl(activity: str) -> None:
     async def scenario() -> None:
         core = await make_core(ttl(1))
-        await core.publish(TOPIC, [types.PubsubMessage.pb()(data=b"x")], 10)
+        await core.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
         await sleep_until(DAY - 100)
         if activity == "pull":
             await core.pull(SUBSCRIPTION, 1, 0)

@@ -10,48 +10,29 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import StatusCode
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
 from hedgepub.server._methods import METHODS
 
+from .._pb import PublishRequest, PubsubMessage
+from .conftest import aio_stub, create_topic_and_subscription
+
 TOPIC = "projects/faults/topics/orders"
 SUBSCRIPTION = "projects/faults/subscriptions/orders-sub"
-Topic: Any = pubsub_types.Topic.pb()
-Subscription: Any = pubsub_types.Subscription.pb()
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
-PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
-
-
-def _unary(channel: grpc.aio.Channel, path: str, response_class: Any = None) -> Any:
-    return channel.unary_unary(
-        path,
-        request_serializer=lambda message: message.SerializeToString(),
-        response_deserializer=None if response_class is None else response_class.FromString,
-    )
 
 
 @pytest.fixture
 def server() -> Iterator[LocalServer]:
     # SQLite in a temporary directory: the store that a Publish commits to.
     with LocalServer(faults=FaultInjector(seed=99)) as running:
-        asyncio.run(_create_topic(running.address))
+        asyncio.run(create_topic_and_subscription(running.address, TOPIC, SUBSCRIPTION, timeout=5))
         yield running
-
-
-async def _create_topic(address: str) -> None:
-    async with grpc.aio.insecure_channel(address) as channel:
-        await _unary(channel, "/google.pubsub.v1.Publisher/CreateTopic", Topic)(Topic(name=TOPIC), timeout=5)
-        await _unary(channel, "/google.pubsub.v1.Subscriber/CreateSubscription", Subscription)(
-            Subscription(name=SUBSCRIPTION, topic=TOPIC), timeout=5
-        )
 
 
 async def _publish(address: str, data: bytes, timeout: float) -> list[str]:
     async with grpc.aio.insecure_channel(address) as channel:
-        publish = _unary(channel, "/google.pubsub.v1.Publisher/Publish", PublishResponse)
+        publish = aio_stub(channel, "Publish")
         request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=data)])
         return list((await publish(request, timeout=timeout)).message_ids)
 

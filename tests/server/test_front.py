@@ -8,6 +8,7 @@ through the relay.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import logging
 import os
@@ -18,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,14 +28,13 @@ import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
 
+from .._pb import PublishRequest, PublishResponse, PullRequest, PullResponse, Topic
+
 PROJECT = "projects/front-project"
-PullRequest: Any = pubsub_types.PullRequest.pb()
-PullResponse: Any = pubsub_types.PullResponse.pb()
 
 
 #: Both ways the front relays gRPC: by its relay process (Linux) and on the server's event loop.
@@ -156,6 +157,15 @@ def test_the_request_log_names_the_client_of_a_relayed_call(
     assert re.fullmatch(r"CreateTopic OK [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+\)", logged)
 
 
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _relay_processes(parent: int) -> list[int]:
     """The relay processes whose parent is ``parent`` (or, with ``parent`` 0, any)."""
     found = []
@@ -173,6 +183,13 @@ def _relay_processes(parent: int) -> list[int]:
         if parent in (0, parent_pid):
             found.append(int(entry))
     return found
+
+
+def _the_relay_process(parent: int) -> int:
+    """The one relay process of ``parent``, once it runs (between fork and exec it is not yet known)."""
+    assert _wait_for(lambda: len(_relay_processes(parent)) == 1), _relay_processes(parent)
+    [relay] = _relay_processes(parent)
+    return relay
 
 
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
@@ -203,7 +220,7 @@ def test_grpc_goes_on_when_the_relay_process_dies(
     monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
     with LocalServer(in_memory=True) as server:
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
-        [relay] = _relay_processes(os.getpid())
+        relay = _the_relay_process(os.getpid())
         os.kill(relay, signal.SIGKILL)
         assert _wait_gone([relay]) == []
         # A connection made after the death is relayed on the event loop instead, and works.
@@ -218,12 +235,69 @@ def test_grpc_goes_on_when_the_relay_process_dies(
     assert any("relay process is gone" in record.getMessage() for record in caplog.records)
 
 
+def _descriptors(pid: int) -> Counter[str]:
+    """How many sockets, pipes, ... process ``pid`` holds open."""
+    kinds: Counter[str] = Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            kinds[os.readlink(f"/proc/{pid}/fd/{fd}").split(":")[0]] += 1
+    return kinds
+
+
+@linux_only
+def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
+    topic = f"{PROJECT}/topics/many"
+    with LocalServer(in_memory=True) as server:
+        relay = _the_relay_process(os.getpid())
+        # Ready once it has its epoll instance (it starts in tens of milliseconds).
+        assert _wait_for(lambda: _descriptors(relay)["anon_inode"] == 1)
+        idle = _descriptors(relay)
+        # Each its own connection: channels to one address otherwise share one.
+        channels = [
+            grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(40)
+        ]
+        try:
+            publishes = [
+                channel.unary_unary(
+                    "/google.pubsub.v1.Publisher/Publish",
+                    request_serializer=PublishRequest.SerializeToString,
+                    response_deserializer=PublishResponse.FromString,
+                )
+                for channel in channels
+            ]
+            channels[0].unary_unary("/google.pubsub.v1.Publisher/CreateTopic")(
+                Topic(name=topic).SerializeToString(), timeout=10
+            )
+            # Every connection open at once, each call answered on its own connection, twice round.
+            for round_number in range(2):
+                futures = [
+                    publish.future(
+                        PublishRequest(topic=topic, messages=[{"data": b"%d-%d" % (round_number, index)}]),
+                        timeout=30,
+                    )
+                    for index, publish in enumerate(publishes)
+                ]
+                assert all(len(future.result().message_ids) == 1 for future in futures)
+            # Relayed by the process, not the loop: both sockets of each connection, a pipe each way.
+            busy = _descriptors(relay)
+            assert busy["socket"] - idle["socket"] == 2 * 40
+            assert busy["pipe"] - idle["pipe"] == 4 * 40
+        finally:
+            for channel in channels:
+                channel.close()
+        # Once the clients have gone, the relay has closed both sockets and the pipes of each connection.
+        assert _wait_for(lambda: _descriptors(relay) == idle), _descriptors(relay)
+
+
 @linux_only
 def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
     # LocalServer: stopping it ends its relay process.
     with LocalServer(in_memory=True):
-        relays = _relay_processes(os.getpid())
-        assert len(relays) == 1
+        relays = [_the_relay_process(os.getpid())]
     assert _wait_gone(relays) == []
     # hedgepub serve, SIGKILLed with a connection being relayed: its relay process ends too.
     serve = subprocess.Popen(
@@ -248,8 +322,7 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
         with socket.create_connection((host, int(port)), timeout=10) as connection:
             connection.sendall(HTTP2_PREFACE)
             assert connection.recv(9)  # relayed: the gRPC face answered
-            relays = _relay_processes(serve.pid)
-            assert len(relays) == 1
+            relays = [_the_relay_process(serve.pid)]
             serve.kill()
             serve.wait()
             assert _wait_gone(relays) == []

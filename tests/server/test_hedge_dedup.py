@@ -5,20 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any
 
 import grpc
 import grpc.aio
-from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
 
+from .._pb import PublishRequest, PublishResponse, PubsubMessage
+
 TOPIC = "projects/dedup/topics/orders"
-PublishRequest: Any = pubsub_types.PublishRequest.pb()
-PublishResponse: Any = pubsub_types.PublishResponse.pb()
-PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 
 
 def _hedged_publishes_in_a_stall(server: LocalServer, count: int) -> list[str]:

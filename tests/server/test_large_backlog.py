@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import LocalServer
 
+from .._pb import AcknowledgeRequest, PublishRequest, PubsubMessage, PullRequest, Subscription, Topic
 from .conftest import SUBSCRIPTION, TOPIC, RawClient
 
 MESSAGES = 2000
@@ -22,14 +22,14 @@ SIZE = 5 * 1024
 
 
 def _publish_backlog(raw: RawClient, count: int, size: int) -> None:
-    raw.call("CreateTopic", types.Topic.pb()(name=TOPIC))
-    raw.call("CreateSubscription", types.Subscription.pb()(name=SUBSCRIPTION, topic=TOPIC))
+    raw.call("CreateTopic", Topic(name=TOPIC))
+    raw.call("CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC))
     for start in range(0, count, 500):
         messages = [
-            types.PubsubMessage.pb()(data=f"{i:06d}".encode() + b"x" * (size - 6))
+            PubsubMessage(data=f"{i:06d}".encode() + b"x" * (size - 6))
             for i in range(start, min(count, start + 500))
         ]
-        raw.call("Publish", types.PublishRequest.pb()(topic=TOPIC, messages=messages))
+        raw.call("Publish", PublishRequest(topic=TOPIC, messages=messages))
 
 
 def test_the_official_subscriber_drains_a_backlog_larger_than_one_response(
@@ -70,13 +70,13 @@ def test_pull_answers_stay_under_four_mebibytes(server: LocalServer) -> None:
         while delivered < MESSAGES:
             response = raw.call(
                 "Pull",
-                types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=1000, return_immediately=True),
+                PullRequest(subscription=SUBSCRIPTION, max_messages=1000, return_immediately=True),
             )
             assert 0 < response.ByteSize() < 4 * 1024 * 1024
             delivered += len(response.received_messages)
             raw.call(
                 "Acknowledge",
-                types.AcknowledgeRequest.pb()(
+                AcknowledgeRequest(
                     subscription=SUBSCRIPTION, ack_ids=[r.ack_id for r in response.received_messages]
                 ),
             )

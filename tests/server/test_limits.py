@@ -11,14 +11,23 @@ from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import LocalServer
 
+from .._pb import (
+    AcknowledgeRequest,
+    GetSubscriptionRequest,
+    ModifyAckDeadlineRequest,
+    PublishRequest,
+    PubsubMessage,
+    PullRequest,
+    StreamingPullRequest,
+    StreamingPullResponse,
+    Subscription,
+    Topic,
+)
+
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/limits"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/limits-sub"
 
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PublishRequest: Any = types.PublishRequest.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -65,8 +74,8 @@ def test_not_found_and_already_exists(ready: Any) -> None:
         ("GetTopic", types.GetTopicRequest.pb()(topic=missing)),
         ("DeleteTopic", types.DeleteTopicRequest.pb()(topic=missing)),
         ("Publish", PublishRequest(topic=missing, messages=[PubsubMessage(data=b"x")])),
-        ("GetSubscription", types.GetSubscriptionRequest.pb()(subscription=f"{PROJECT}/subscriptions/nope")),
-        ("Pull", types.PullRequest.pb()(subscription=f"{PROJECT}/subscriptions/nope", max_messages=1)),
+        ("GetSubscription", GetSubscriptionRequest(subscription=f"{PROJECT}/subscriptions/nope")),
+        ("Pull", PullRequest(subscription=f"{PROJECT}/subscriptions/nope", max_messages=1)),
     ]:
         error = ready.error(method, request)
         assert error.code() == grpc.StatusCode.NOT_FOUND, method
@@ -116,30 +125,30 @@ def test_ack_deadline_limits(ready: Any) -> None:
         )
         assert error.code() == INVALID and "ack deadline" in error.details()
     publish(ready, PubsubMessage(data=b"x"))
-    pulled = ready.call("Pull", types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=1))
+    pulled = ready.call("Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=1))
     ack_id = pulled.received_messages[0].ack_id
     for seconds in (-1, 601):
-        request = types.ModifyAckDeadlineRequest.pb()(
+        request = ModifyAckDeadlineRequest(
             subscription=SUBSCRIPTION, ack_ids=[ack_id], ack_deadline_seconds=seconds
         )
         assert ready.error("ModifyAckDeadline", request).code() == INVALID
-    bad_ack = types.AcknowledgeRequest.pb()(subscription=SUBSCRIPTION, ack_ids=["not-an-ack-id"])
+    bad_ack = AcknowledgeRequest(subscription=SUBSCRIPTION, ack_ids=["not-an-ack-id"])
     assert ready.error("Acknowledge", bad_ack).code() == INVALID
 
 
 @pytest.mark.parametrize("max_messages", [0, -1])
 def test_pull_needs_positive_max_messages(ready: Any, max_messages: int) -> None:
-    error = ready.error("Pull", types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=max_messages))
+    error = ready.error("Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=max_messages))
     assert error.code() == INVALID and "max_messages" in error.details()
 
 
 def test_streaming_pull_checks_its_first_request(ready: Any) -> None:
     stub = ready.channel.stream_stream(
         "/google.pubsub.v1.Subscriber/StreamingPull",
-        request_serializer=types.StreamingPullRequest.pb().SerializeToString,
-        response_deserializer=types.StreamingPullResponse.pb().FromString,
+        request_serializer=StreamingPullRequest.SerializeToString,
+        response_deserializer=StreamingPullResponse.FromString,
     )
-    first = types.StreamingPullRequest.pb()(subscription=SUBSCRIPTION, stream_ack_deadline_seconds=3)
+    first = StreamingPullRequest(subscription=SUBSCRIPTION, stream_ack_deadline_seconds=3)
     with pytest.raises(grpc.RpcError) as caught:
         list(stub(iter([first]), timeout=5))
     assert caught.value.code() == INVALID
@@ -156,7 +165,7 @@ def test_bad_page_token_and_update_mask(ready: Any) -> None:
 
 def test_detached_subscription_refuses_pulls(ready: Any) -> None:
     ready.call("DetachSubscription", types.DetachSubscriptionRequest.pb()(subscription=SUBSCRIPTION))
-    error = ready.error("Pull", types.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=1))
+    error = ready.error("Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=1))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from google.iam.v1.policy_pb2 import Binding, Policy
 from google.protobuf import duration_pb2
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub._virtual_time import run_virtual
 from hedgepub.server import MemoryStore, PubSubCore, ServiceError
 from hedgepub.server._replay import PRUNE_INTERVAL_SECONDS
+
+from .._pb import PubsubMessage, Subscription, Topic
 
 TOPIC = "projects/p/topics/events"
 SUBSCRIPTION = "projects/p/subscriptions/events-sub"
@@ -26,10 +27,6 @@ SNAPSHOT = "projects/p/snapshots/events-snap"
 DAY = 24 * 3600
 #: The wall clock starts here (2026-01-01) and moves with the virtual loop.
 EPOCH_NS = 1_767_225_600 * 1_000_000_000
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
 
 
 def wall_ns() -> int:

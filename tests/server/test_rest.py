@@ -629,3 +629,16 @@ def test_a_server_without_rest_serves_grpc_on_its_port(monkeypatch: pytest.Monke
         publisher = pubsub_v1.PublisherClient()
         assert publisher.create_topic(name=f"{PROJECT}/topics/plain").name == f"{PROJECT}/topics/plain"
         publisher.stop()
+
+
+def test_a_client_keeping_its_connection_open_does_not_hold_the_server_up() -> None:
+    # An idle keep-alive connection (a requests.Session, say) must not make stop(0) wait for its next
+    # request: aiohttp would, given a shutdown timeout of 0.
+    server = LocalServer(in_memory=True).start()
+    with socket.create_connection((server.host, server.port), timeout=10) as connection:
+        connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        started = time.monotonic()
+        server.stop(0)
+        assert time.monotonic() - started < 5
+        assert connection.recv(65536) == b""  # and the server closed it

@@ -12,6 +12,19 @@ from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server import LocalServer
 
+from .._pb import (
+    AcknowledgeRequest,
+    GetSubscriptionRequest,
+    PublishRequest,
+    PublishResponse,
+    PubsubMessage,
+    PullRequest,
+    PullResponse,
+    Snapshot,
+    Subscription,
+    Topic,
+)
+
 TOPIC = "projects/p/topics/durable"
 SUBSCRIPTION = "projects/p/subscriptions/durable-sub"
 ORDERED = "projects/p/subscriptions/durable-ordered"
@@ -37,19 +50,19 @@ def subscriber(channel: grpc.Channel, method: str, request: Any, response: Any) 
 
 
 def pull(channel: grpc.Channel, subscription: str) -> list[Any]:
-    request = types.PullRequest.pb()(subscription=subscription, max_messages=100, return_immediately=True)
-    return list(subscriber(channel, "Pull", request, types.PullResponse.pb()).received_messages)
+    request = PullRequest(subscription=subscription, max_messages=100, return_immediately=True)
+    return list(subscriber(channel, "Pull", request, PullResponse).received_messages)
 
 
 def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path) -> None:
     empty = types.DeleteTopicRequest.pb()  # any message class works as a placeholder response parser
     with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
-        publisher(channel, "CreateTopic", types.Topic.pb()(name=TOPIC, labels={"k": "v"}), types.Topic.pb())
+        publisher(channel, "CreateTopic", Topic(name=TOPIC, labels={"k": "v"}), Topic)
         for name, ordered in ((SUBSCRIPTION, False), (ORDERED, True)):
-            config = types.Subscription.pb()(
+            config = Subscription(
                 name=name, topic=TOPIC, ack_deadline_seconds=30, enable_message_ordering=ordered
             )
-            subscriber(channel, "CreateSubscription", config, types.Subscription.pb())
+            subscriber(channel, "CreateSubscription", config, Subscription)
         avro = schema_types.Schema.pb()(type_=schema_types.Schema.Type.AVRO, definition='"string"')
         call(
             channel,
@@ -60,7 +73,7 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
             schema_types.Schema.pb(),
         )
         snapshot = types.CreateSnapshotRequest.pb()(name=SNAPSHOT, subscription=ORDERED)
-        subscriber(channel, "CreateSnapshot", snapshot, types.Snapshot.pb())
+        subscriber(channel, "CreateSnapshot", snapshot, Snapshot)
         etags = {}
         for resource in GUARDED:
             policy = policy_pb2.Policy(
@@ -77,32 +90,31 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
                 policy_pb2.Policy,
             ).etag
         messages = [
-            types.PubsubMessage.pb()(data=f"m{i}".encode(), attributes={"i": str(i)}, ordering_key="k")
-            for i in range(4)
+            PubsubMessage(data=f"m{i}".encode(), attributes={"i": str(i)}, ordering_key="k") for i in range(4)
         ]
         published = publisher(
             channel,
             "Publish",
-            types.PublishRequest.pb()(topic=TOPIC, messages=messages),
-            types.PublishResponse.pb(),
+            PublishRequest(topic=TOPIC, messages=messages),
+            PublishResponse,
         )
         received = pull(channel, SUBSCRIPTION)
         acked = [r.ack_id for r in received if r.message.data in (b"m0", b"m2")]
         subscriber(
             channel,
             "Acknowledge",
-            types.AcknowledgeRequest.pb()(subscription=SUBSCRIPTION, ack_ids=acked),
+            AcknowledgeRequest(subscription=SUBSCRIPTION, ack_ids=acked),
             empty,
         )
 
     with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
-        topic = publisher(channel, "GetTopic", types.GetTopicRequest.pb()(topic=TOPIC), types.Topic.pb())
+        topic = publisher(channel, "GetTopic", types.GetTopicRequest.pb()(topic=TOPIC), Topic)
         assert topic.labels["k"] == "v"
         config = subscriber(
             channel,
             "GetSubscription",
-            types.GetSubscriptionRequest.pb()(subscription=ORDERED),
-            types.Subscription.pb(),
+            GetSubscriptionRequest(subscription=ORDERED),
+            Subscription,
         )
         assert config.enable_message_ordering and config.ack_deadline_seconds == 30
         for resource in GUARDED:
@@ -129,7 +141,7 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
         more = publisher(
             channel,
             "Publish",
-            types.PublishRequest.pb()(topic=TOPIC, messages=[types.PubsubMessage.pb()(data=b"new")]),
-            types.PublishResponse.pb(),
+            PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=b"new")]),
+            PublishResponse,
         )
         assert more.message_ids[0] not in published.message_ids

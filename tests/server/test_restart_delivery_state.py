@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 from google.cloud import pubsub_v1
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import MemoryStore, PubSubCore, ServiceError, Store
 from hedgepub.server._sqlite import SqliteStore
 
+from .._pb import ModifyAckDeadlineRequest, PublishRequest, PubsubMessage, PullRequest, Subscription, Topic
 from .conftest import RawClient
 
 PROJECT = "projects/restarts"
@@ -35,13 +35,6 @@ TOPIC = f"{PROJECT}/topics/work"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/work-sub"
 DEAD_LETTERS = f"{PROJECT}/topics/dead-letters"
 DEAD_LETTER_SUBSCRIPTION = f"{PROJECT}/subscriptions/dead-letters-sub"
-
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
-PublishRequest: Any = types.PublishRequest.pb()
-PullRequest: Any = types.PullRequest.pb()
-ModifyAckDeadlineRequest: Any = types.ModifyAckDeadlineRequest.pb()
 
 
 def server_address() -> str:

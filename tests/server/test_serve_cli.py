@@ -6,8 +6,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +15,9 @@ from click.testing import CliRunner
 
 import hedgepub
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="sends POSIX signals to the server process")
+from .._cli import CLI, served_address
 
-# Runs the CLI the way the `hedgepub` script does, without depending on the script being on PATH.
-_CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="sends POSIX signals to the server process")
 
 
 class ServeProcess:
@@ -31,13 +28,10 @@ class ServeProcess:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in wait()
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            [*_CLI, *args], stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True
+            [*CLI, *args], stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True
         )
-        self.export_line = _read_line(self.process, timeout=15.0)
+        self.address = served_address(self.process, timeout=15.0, log_path=log_path)
         self.startup_seconds = time.perf_counter() - started
-        prefix = "export PUBSUB_EMULATOR_HOST="
-        assert self.export_line.startswith(prefix), (self.export_line, self.log())
-        self.address = self.export_line[len(prefix) :]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -52,18 +46,6 @@ class ServeProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.wait()
-
-
-def _read_line(process: subprocess.Popen[bytes], timeout: float) -> str:
-    """The first line the process prints, or a failure after ``timeout`` seconds."""
-    line: list[bytes] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-    reader.start()
-    reader.join(timeout)
-    if not line:
-        process.kill()
-        pytest.fail(f"hedgepub serve printed nothing within {timeout} s")
-    return line[0].decode().strip()
 
 
 def _free_port() -> int:
@@ -199,7 +181,7 @@ def test_port_in_use_is_a_clear_error(serve: list[ServeProcess], tmp_path: Path)
     first = _start(serve, tmp_path, "serve", "--port", "0", "--in-memory")
     port = first.address.rsplit(":", 1)[1]
     second = subprocess.run(
-        [*_CLI, "serve", "--port", port, "--in-memory"], capture_output=True, timeout=15, text=True
+        [*CLI, "serve", "--port", port, "--in-memory"], capture_output=True, timeout=15, text=True
     )
     assert second.returncode == 1
     assert f"cannot start the server on 127.0.0.1:{port}" in second.stderr

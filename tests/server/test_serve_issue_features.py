@@ -13,9 +13,10 @@ import grpc
 import pytest
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as subscriber_exceptions
-from google.pubsub_v1.types import pubsub as types
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+
+from .._pb import ModifyAckDeadlineRequest
 
 PROJECT = "projects/serve-test"
 TOPIC = f"{PROJECT}/topics/events"
@@ -65,13 +66,11 @@ def test_tracing_filters_exactly_once_and_replay_through_serve(hedgepub_serve: A
         with grpc.insecure_channel(os.environ["PUBSUB_EMULATOR_HOST"]) as channel:
             modack = channel.unary_unary(
                 "/google.pubsub.v1.Subscriber/ModifyAckDeadline",
-                request_serializer=types.ModifyAckDeadlineRequest.pb().SerializeToString,
+                request_serializer=ModifyAckDeadlineRequest.SerializeToString,
                 response_deserializer=lambda data: data,
             )
             modack(
-                types.ModifyAckDeadlineRequest.pb()(
-                    subscription=ONCE, ack_ids=[nacked.ack_id], ack_deadline_seconds=0
-                ),
+                ModifyAckDeadlineRequest(subscription=ONCE, ack_ids=[nacked.ack_id], ack_deadline_seconds=0),
                 timeout=10,
             )
         again = once.get(timeout=10)

@@ -10,14 +10,12 @@ from typing import Any
 
 import pytest
 from google.iam.v1 import policy_pb2
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import MemoryStore, Store
 from hedgepub.server._sqlite import SqliteStore
 
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
+from .._pb import PubsubMessage, Subscription, Topic
+
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTIONS = ["projects/p/subscriptions/first", "projects/p/subscriptions/second"]
 

@@ -8,19 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub as types
 
 from hedgepub.server import MemoryStore, Store
 from hedgepub.server._sqlite import SqliteStore
+
+from .._pb import PubsubMessage, Snapshot, Subscription
 
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTION = "projects/p/subscriptions/first"
 SNAPSHOT = "projects/p/snapshots/first-snap"
 HOLDER = f"{SUBSCRIPTION}#acked"
 
-Subscription: Any = types.Subscription.pb()
-Snapshot: Any = types.Snapshot.pb()
-PubsubMessage: Any = types.PubsubMessage.pb()
 Reopen = Callable[[], Awaitable[Store]]
 
 

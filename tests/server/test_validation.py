@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import field_mask_pb2
 from google.pubsub_v1.types import pubsub as types
 
+from .._pb import ExpirationPolicy, RetryPolicy, Subscription, Topic, UpdateSubscriptionRequest
 from .conftest import duration
 
 PROJECT = "projects/test-project"
@@ -17,8 +18,6 @@ TOPIC = f"{PROJECT}/topics/validated"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/validated-sub"
 DAY = 24 * 3600
 
-Topic: Any = types.Topic.pb()
-Subscription: Any = types.Subscription.pb()
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -59,7 +58,7 @@ def test_topic_retention_range(raw: Any, seconds: int, accepted: bool) -> None:
 
 def test_retention_is_checked_on_update_too(topic: Any) -> None:
     topic.call("CreateSubscription", subscription())
-    update = types.UpdateSubscriptionRequest.pb()(
+    update = UpdateSubscriptionRequest(
         subscription=subscription(message_retention_duration=duration(32 * DAY)),
         update_mask=field_mask_pb2.FieldMask(paths=["message_retention_duration"]),
     )
@@ -68,14 +67,14 @@ def test_retention_is_checked_on_update_too(topic: Any) -> None:
 
 # ---------------------------------------------------------------- retry policy
 def test_a_retry_policy_gets_the_default_backoffs(topic: Any) -> None:
-    created = topic.call("CreateSubscription", subscription(retry_policy=types.RetryPolicy.pb()()))
+    created = topic.call("CreateSubscription", subscription(retry_policy=RetryPolicy()))
     assert created.retry_policy.minimum_backoff.seconds == 10
     assert created.retry_policy.maximum_backoff.seconds == 600
 
 
 @pytest.mark.parametrize(("minimum", "maximum"), [(0, 0), (0, 600), (600, 600), (1.5, 2)])
 def test_retry_backoffs_of_0_to_600_seconds_are_accepted(topic: Any, minimum: float, maximum: float) -> None:
-    policy = types.RetryPolicy.pb()(minimum_backoff=duration(minimum), maximum_backoff=duration(maximum))
+    policy = RetryPolicy(minimum_backoff=duration(minimum), maximum_backoff=duration(maximum))
     created = topic.call("CreateSubscription", subscription(retry_policy=policy))
     assert created.retry_policy.minimum_backoff == duration(minimum)
 
@@ -90,14 +89,14 @@ def test_retry_backoffs_of_0_to_600_seconds_are_accepted(topic: Any, minimum: fl
     ],
 )
 def test_retry_backoffs_out_of_range_are_refused(topic: Any, minimum: int, maximum: int, words: str) -> None:
-    policy = types.RetryPolicy.pb()(minimum_backoff=duration(minimum), maximum_backoff=duration(maximum))
+    policy = RetryPolicy(minimum_backoff=duration(minimum), maximum_backoff=duration(maximum))
     error = topic.error("CreateSubscription", subscription(retry_policy=policy))
     assert error.code() == INVALID
     assert words in error.details()
 
 
 def test_a_minimum_backoff_alone_over_the_default_maximum_is_refused(topic: Any) -> None:
-    policy = types.RetryPolicy.pb()(minimum_backoff=duration(601))
+    policy = RetryPolicy(minimum_backoff=duration(601))
     assert topic.error("CreateSubscription", subscription(retry_policy=policy)).code() == INVALID
 
 
@@ -109,7 +108,7 @@ def test_no_expiration_policy_means_the_31_day_default(topic: Any) -> None:
 
 
 def test_an_expiration_policy_without_ttl_means_never(topic: Any) -> None:
-    created = topic.call("CreateSubscription", subscription(expiration_policy=types.ExpirationPolicy.pb()()))
+    created = topic.call("CreateSubscription", subscription(expiration_policy=ExpirationPolicy()))
     assert created.HasField("expiration_policy")
     assert not created.expiration_policy.HasField("ttl")
 
@@ -118,7 +117,7 @@ def test_an_expiration_policy_without_ttl_means_never(topic: Any) -> None:
     ("seconds", "accepted"), [(DAY, True), (365 * DAY, True), (12 * 3600, False), (0, False)]
 )
 def test_an_expiration_ttl_is_at_least_a_day(topic: Any, seconds: int, accepted: bool) -> None:
-    policy = types.ExpirationPolicy.pb()(ttl=duration(seconds))
+    policy = ExpirationPolicy(ttl=duration(seconds))
     if accepted:
         assert (
             topic.call("CreateSubscription", subscription(expiration_policy=policy)).expiration_policy
@@ -216,7 +215,7 @@ def test_a_filter_that_does_not_parse_is_refused_saying_where(topic: Any) -> Non
 def test_a_filter_cannot_be_updated(topic: Any) -> None:
     created = topic.call("CreateSubscription", subscription(filter="attributes:a"))
     assert created.filter == "attributes:a"
-    update = types.UpdateSubscriptionRequest.pb()(
+    update = UpdateSubscriptionRequest(
         subscription=subscription(filter="attributes:b"),
         update_mask=field_mask_pb2.FieldMask(paths=["filter"]),
     )

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Any
 import grpc
 import pytest
 
+from .._cli import CLI, terminate
+
 HOST = "127.0.0.1"
 # No __main__ module in hedgepub.cli: run the console script's function, as the `hedgepub` command does.
-CLI = [sys.executable, "-c", "from hedgepub.cli import main; main()"]
 
 
 def free_port() -> int:
@@ -126,13 +126,7 @@ class ServerProcess:
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        terminate(process)
         self.process = None
 
     def log(self) -> str:

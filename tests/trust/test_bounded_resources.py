@@ -27,8 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub
 
+from .._pb import (
+    AcknowledgeRequest,
+    ModifyAckDeadlineRequest,
+    PublishRequest,
+    PublishResponse,
+    PubsubMessage,
+    PullRequest,
+    PullResponse,
+    Subscription,
+    Topic,
+)
 from .conftest import Rpc, ServerProcess, free_port
 
 ACKED = int(os.environ.get("HEDGEPUB_BOUNDED_ACKED", "") or 50_000)
@@ -45,14 +55,6 @@ pytestmark = [
 TOPIC = "projects/bounded/topics/flow"
 CHUNK = 5_000
 MIB = 1024 * 1024
-
-Topic: Any = pubsub.Topic.pb()
-Subscription: Any = pubsub.Subscription.pb()
-PubsubMessage: Any = pubsub.PubsubMessage.pb()
-PublishRequest: Any = pubsub.PublishRequest.pb()
-PublishResponse: Any = pubsub.PublishResponse.pb()
-PullRequest: Any = pubsub.PullRequest.pb()
-PullResponse: Any = pubsub.PullResponse.pb()
 
 
 def _subscription(index: int) -> str:
@@ -79,8 +81,8 @@ def _pull(rpc: Rpc, subscription: str) -> list[Any]:
 
 
 def _ack(rpc: Rpc, subscription: str, received: list[Any]) -> None:
-    request = pubsub.AcknowledgeRequest.pb()(subscription=subscription, ack_ids=[r.ack_id for r in received])
-    rpc.call("Subscriber", "Acknowledge", request, pubsub.AcknowledgeRequest.pb(), timeout=60)
+    request = AcknowledgeRequest(subscription=subscription, ack_ids=[r.ack_id for r in received])
+    rpc.call("Subscriber", "Acknowledge", request, AcknowledgeRequest, timeout=60)
 
 
 def _publish_and_drain(rpc: Rpc, count: int) -> None:
@@ -175,13 +177,13 @@ def test_a_modify_ack_deadline_loop_does_not_grow_the_server(
     _publish(rpc, 1000, 100)
     ack_ids = [r.ack_id for r in _pull(rpc, _subscription(0))]
     assert len(ack_ids) == 1000
-    request = pubsub.ModifyAckDeadlineRequest.pb()(
+    request = ModifyAckDeadlineRequest(
         subscription=_subscription(0), ack_ids=ack_ids, ack_deadline_seconds=600
     )
 
     def modack(times: int) -> None:
         for _ in range(times):
-            rpc.call("Subscriber", "ModifyAckDeadline", request, pubsub.AcknowledgeRequest.pb())
+            rpc.call("Subscriber", "ModifyAckDeadline", request, AcknowledgeRequest)
 
     modack(50)  # warm-up
     before = memory_server.rss_bytes()

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from google.pubsub_v1.types import pubsub
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient, RetrySettings
+
+from .._pb import AcknowledgeRequest, PullRequest, PullResponse, Subscription, Topic
 
 ROUNDS = int(os.environ.get("HEDGEPUB_TRUST_ROUNDS", "") or 4)
 ROUND_SECONDS = float(os.environ.get("HEDGEPUB_TRUST_ROUND_SECONDS", "") or 1.0)
@@ -130,8 +131,8 @@ def _drain(rpc: Any) -> dict[str, Any]:
         response = rpc.call(
             "Subscriber",
             "Pull",
-            pubsub.PullRequest.pb()(subscription=SUBSCRIPTION, max_messages=1000, return_immediately=True),
-            pubsub.PullResponse.pb(),
+            PullRequest(subscription=SUBSCRIPTION, max_messages=1000, return_immediately=True),
+            PullResponse,
         )
         if not response.received_messages:
             empty_pulls += 1
@@ -142,10 +143,10 @@ def _drain(rpc: Any) -> dict[str, Any]:
         rpc.call(
             "Subscriber",
             "Acknowledge",
-            pubsub.AcknowledgeRequest.pb()(
+            AcknowledgeRequest(
                 subscription=SUBSCRIPTION, ack_ids=[r.ack_id for r in response.received_messages]
             ),
-            pubsub.AcknowledgeRequest.pb(),  # Empty parses as any message; the content is not used.
+            AcknowledgeRequest,  # Empty parses as any message; the content is not used.
         )
     return delivered
 
@@ -156,13 +157,13 @@ def test_no_acknowledged_message_is_lost_across_sigkill(
     rng = random.Random(SEED)
     server_process.start()
     admin = make_rpc(server_process.address)
-    admin.call("Publisher", "CreateTopic", pubsub.Topic.pb()(name=TOPIC), pubsub.Topic.pb())
+    admin.call("Publisher", "CreateTopic", Topic(name=TOPIC), Topic)
     # Ack deadline at its maximum: nothing is redelivered while the final drain runs.
     admin.call(
         "Subscriber",
         "CreateSubscription",
-        pubsub.Subscription.pb()(name=SUBSCRIPTION, topic=TOPIC, ack_deadline_seconds=600),
-        pubsub.Subscription.pb(),
+        Subscription(name=SUBSCRIPTION, topic=TOPIC, ack_deadline_seconds=600),
+        Subscription,
     )
 
     publisher = PublisherClient(

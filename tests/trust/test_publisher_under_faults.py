@@ -18,10 +18,11 @@ from collections import Counter
 
 import grpc
 import pytest
-from google.pubsub_v1.types import pubsub
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient, RetrySettings, StatusCode
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
+
+from .._pb import Topic
 
 MESSAGES = int(os.environ.get("HEDGEPUB_TRUST_MESSAGES", "") or 20_000)
 SEED = int(os.environ.get("HEDGEPUB_TRUST_SEED", "") or 20261129)
@@ -43,10 +44,10 @@ def test_every_future_resolves_and_every_id_is_stored_under_faults() -> None:
         with grpc.insecure_channel(server.address) as channel:
             create = channel.unary_unary(
                 "/google.pubsub.v1.Publisher/CreateTopic",
-                request_serializer=pubsub.Topic.pb().SerializeToString,
-                response_deserializer=pubsub.Topic.pb().FromString,
+                request_serializer=Topic.SerializeToString,
+                response_deserializer=Topic.FromString,
             )
-            create(pubsub.Topic.pb()(name=TOPIC), timeout=10)
+            create(Topic(name=TOPIC), timeout=10)
 
         publisher = PublisherClient(
             hedging_settings=HedgingSettings(hedge_delay=0.3, max_tokens=50, refill_ratio=0.1),

@@ -39,6 +39,7 @@ from hedgepub.server._delivery import (
 )
 from hedgepub.server._expiration import RECORD_EVERY, ExpirationWatch
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._oidc import PushTokenSigner
 from hedgepub.server._push import PushDispatcher
 from hedgepub.server._replay import Replay
 from hedgepub.server._schemas import SchemaRegistry
@@ -60,6 +61,7 @@ class PubSubCore:
     epoch, which ``publish_time`` and message retention are about; replace it (it is a plain attribute)
     to test retention without waiting for it. ``window`` is how many ready messages each subscription
     holds in memory; the rest of its backlog is read from the store in pages as it drains.
+    ``push_tokens`` signs push requests' OIDC tokens (default: a key made in memory when first needed).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class PubSubCore:
         wall_clock_ns: Callable[[], int] = time.time_ns,
         *,
         window: int = DEFAULT_WINDOW,
+        push_tokens: PushTokenSigner | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be at least 1; got {window}")
@@ -107,7 +110,7 @@ class PubSubCore:
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, lambda: self.wall_clock_ns())
         #: One push worker per push subscription (started and stopped as subscriptions change).
-        self.push = PushDispatcher(self, clock)
+        self.push = PushDispatcher(self, clock, push_tokens)
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -597,15 +600,24 @@ class PubSubCore:
         return taken
 
     async def next_batch(self, subscription: str, consumer: Consumer) -> list[Any]:
-        """StreamingPull: wait until messages can be sent to ``consumer``; [] once it is closed."""
+        """StreamingPull: wait until messages can be sent to ``consumer``; [] once it is closed, or at
+        once when it owes its client :attr:`~Consumer.confirmations` (set them, then :meth:`wake`)."""
         while not consumer.closed:
             state = self._deliverable(subscription)
             taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
                 await self._record_leases(state, taken)
                 return taken
+            if consumer.confirmations is not None:
+                return []
             await state.wait_changed()
         return []
+
+    def wake(self, subscription: str) -> None:
+        """Wake the streams waiting in :meth:`next_batch` on ``subscription`` (one owes confirmations)."""
+        state = self._subscriptions.get(subscription)
+        if state is not None:
+            state.notify()
 
     # Exactly-once leases outlive a restart: recorded before the messages are handed out, forgotten on
     # acknowledgement, rewritten on a modack (in the background), and restored by load().
@@ -659,11 +671,14 @@ class PubSubCore:
         if state is not None:
             state.notify()
 
-    async def acknowledge(self, subscription: str, ack_ids: Sequence[str], *, report: bool = True) -> None:
+    async def acknowledge(
+        self, subscription: str, ack_ids: Sequence[str], *, report: bool = True
+    ) -> dict[str, str] | None:
         """Acknowledge. Unknown or expired ack IDs are ignored, as the real service does, unless the
         subscription has exactly-once delivery: then each one fails (once the others are acknowledged)
         with the per-ack-ID details of :func:`~._limits.ack_id_failures`. ``report=False`` (StreamingPull,
-        whose answer to them would be a confirmation this server does not send) drops those failures.
+        which answers them with a confirmation on the stream) returns those failures instead (ack ID ->
+        failure, empty when all succeeded); without exactly-once delivery it returns ``None``.
         """
         state = self._subscription(subscription)
         self._expiration.touch(subscription)
@@ -676,6 +691,7 @@ class PubSubCore:
                 await self._store.drop_leases(subscription, done)
         if failures and report:
             raise limits.ack_id_failures(failures)
+        return failures if state.config.enable_exactly_once_delivery else None
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
@@ -691,16 +707,19 @@ class PubSubCore:
         if failures:
             raise limits.ack_id_failures(failures)
 
-    def modify_each(self, subscription: str, ack_ids: Sequence[str], seconds: Sequence[int]) -> None:
-        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds (failures of ack IDs
-        are not reported: see :meth:`acknowledge`)."""
+    def modify_each(
+        self, subscription: str, ack_ids: Sequence[str], seconds: Sequence[int]
+    ) -> dict[str, str] | None:
+        """StreamingPull's paired modify_deadline_ack_ids / modify_deadline_seconds. Returns the failures
+        of ack IDs under exactly-once delivery (``None`` without it), as :meth:`acknowledge` with
+        ``report=False`` does."""
         state = self._subscription(subscription)
         if len(ack_ids) != len(seconds):
             raise invalid(
                 "modify_deadline_seconds and modify_deadline_ack_ids must have the same length "
                 f"(got {len(seconds)} and {len(ack_ids)})."
             )
-        self._check_ack_ids(state, ack_ids)
+        failures = self._check_ack_ids(state, ack_ids)
         for value in seconds:
             limits.check_ack_deadline(value, allow_zero=True, field="modify_deadline_seconds")
         before = self._leased(state, ack_ids)
@@ -708,6 +727,7 @@ class PubSubCore:
             state.modify((ack_id,), value)
         if before:
             self._modified(state, ack_ids, before)
+        return failures if state.config.enable_exactly_once_delivery else None
 
     @staticmethod
     def _leased(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, int]:

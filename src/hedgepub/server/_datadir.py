@@ -27,6 +27,8 @@ from pathlib import Path
 LOCK_FILE = "lock"
 #: The SQLite database inside the data directory.
 DATABASE_FILE = "pubsub.sqlite3"
+#: The key that signs push requests' OIDC tokens (made when first needed; see ``_oidc.py``).
+PUSH_KEY_FILE = "push-signing-key.pem"
 
 
 class DataDirError(Exception):
@@ -36,6 +38,11 @@ class DataDirError(Exception):
 def database_path(data_dir: str | os.PathLike[str]) -> Path:
     """Where the server keeps its SQLite database in ``data_dir``."""
     return Path(data_dir) / DATABASE_FILE
+
+
+def push_key_path(data_dir: str | os.PathLike[str]) -> Path:
+    """Where the server keeps the key that signs push requests' OIDC tokens in ``data_dir``."""
+    return Path(data_dir) / PUSH_KEY_FILE
 
 
 def _reason(error: OSError) -> str:

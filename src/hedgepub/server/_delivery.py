@@ -64,6 +64,7 @@ class Consumer:
     __slots__ = (
         "ack_deadline",
         "closed",
+        "confirmations",
         "max_bytes",
         "max_messages",
         "outstanding_bytes",
@@ -77,6 +78,9 @@ class Consumer:
         self.outstanding_messages = 0
         self.outstanding_bytes = 0
         self.closed = False
+        #: What a stream owes its client besides messages (exactly-once confirmations of its acks and
+        #: modacks, kept by the service layer); ``None`` when nothing.
+        self.confirmations: Any = None
 
     def room(self) -> int:
         """How many more messages this consumer may hold now (a large number when unlimited)."""

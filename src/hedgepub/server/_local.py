@@ -25,12 +25,13 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 
 from hedgepub.server._core import PubSubCore
-from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir
+from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir, push_key_path
 from hedgepub.server._delivery import DEFAULT_WINDOW
 from hedgepub.server._faults import FaultInjector
 from hedgepub.server._front import OnePortFront
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
+from hedgepub.server._oidc import CERTS_PATH, PushTokenSigner
 from hedgepub.server._options import ServerOptions
 from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
@@ -43,6 +44,9 @@ GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 )
+
+#: The least time REST connections get to finish when the server stops (see stop()).
+HTTP_SHUTDOWN_MINIMUM_SECONDS = 0.01
 
 #: Where the gRPC face listens when the one-port front owns the public port: loopback, ephemeral.
 PRIVATE_HOST = "127.0.0.1"
@@ -148,6 +152,14 @@ class AsyncLocalServer:
         """Whether the server speaks TLS (``tls_cert`` and ``tls_key`` given) rather than plain text."""
         return self.options.tls_cert is not None
 
+    @property
+    def push_certs_url(self) -> str | None:
+        """Where the keys that verify push requests' OIDC tokens are served (``{kid: PEM certificate}``;
+        ``/oauth2/v3/certs`` beside it is the JSON Web Key Set); ``None`` without the REST face."""
+        if not self.rest:
+            return None
+        return f"{'https' if self.tls else 'http'}://{self.address}{CERTS_PATH}"
+
     def _server_credentials(self) -> grpc.ServerCredentials:
         tls_cert, tls_key = self.options.tls_cert, self.options.tls_key
         assert tls_cert is not None and tls_key is not None
@@ -210,8 +222,13 @@ class AsyncLocalServer:
 
     async def _start(self, credentials: grpc.ServerCredentials | None, front: OnePortFront | None) -> None:
         options = self.options
+        # The push tokens' key: kept in the data directory, so that tokens verify across restarts.
+        # (No data_dir and not in memory: open_store refuses it just below.)
+        key_file = None if options.in_memory or self.data_dir is None else push_key_path(self.data_dir)
+        tokens = PushTokenSigner(key_file)
+        tokens.load()  # a key file that cannot be read fails the start, before the store is opened
         store = open_store(self.data_dir, options.in_memory, keep_unsubscribed=options.keep_unsubscribed)
-        core = PubSubCore(store, clock=options.clock, window=options.window)
+        core = PubSubCore(store, clock=options.clock, window=options.window, push_tokens=tokens)
         loop = asyncio.get_running_loop()
         try:
             # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
@@ -248,7 +265,7 @@ class AsyncLocalServer:
         if front is not None:
             private = private.bound(port)
             gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS)
-            http = http_protocol_factory(gateway)
+            http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http
             port = front.port
@@ -266,7 +283,9 @@ class AsyncLocalServer:
         async def stop_rest() -> None:
             # REST calls in flight finish first: they go through the gateway's channel to the gRPC face.
             if http is not None:
-                await http.shutdown(grace or 0.0)
+                # Never 0: aiohttp takes a timeout of 0 for none, and would wait for ever for a client's
+                # idle keep-alive connection (a requests.Session, say) to send another request.
+                await http.shutdown(max(grace or 0.0, HTTP_SHUTDOWN_MINIMUM_SECONDS))
             if gateway is not None:
                 await gateway.close()
 
@@ -395,6 +414,11 @@ class LocalServer:
     def port(self) -> int:
         """The port the server listens on (0 until started)."""
         return self._server.port
+
+    @property
+    def push_certs_url(self) -> str | None:
+        """The URL of the keys that verify push requests' OIDC tokens (see :class:`AsyncLocalServer`)."""
+        return self._server.push_certs_url
 
     @property
     def hedge_dedup(self) -> HedgeBatchWindow | None:

@@ -18,6 +18,10 @@ same leases, ack IDs, ordering, retry back-off and dead-letter policy as Pull) a
   100 ms after the first failure, doubling with each failure that follows (a failure of a request sent
   before the pause began does not double it again), at most 60 s, and back to none after a success. The
   real service documents this range (100 ms to 60 s) for its push back-off, not the exact steps.
+- **Authentication.** With ``oidc_token.service_account_email`` set, each request carries
+  ``Authorization: Bearer <ID token>`` for that account and ``oidc_token.audience`` (the endpoint URL
+  when empty), signed with the server's own key (see :mod:`hedgepub.server._oidc`). A token that cannot
+  be made (a key file that cannot be written) fails the push like an endpoint that does not answer.
 - **Delivery rate.** Concurrent requests are limited by a window (the real service's "push window",
   with slow start): it starts small, grows by one with each success up to :data:`MAX_WINDOW`, and is
   halved by each failure.
@@ -42,6 +46,7 @@ from google.protobuf import json_format
 from hedgepub._clock import Clock
 from hedgepub.server._delivery import Consumer, SubscriptionState
 from hedgepub.server._limits import ServiceError
+from hedgepub.server._oidc import PushTokenSigner
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -105,12 +110,18 @@ class PushWorker:
     """Pushes one subscription's messages to its endpoint until stopped (or it stops being push)."""
 
     def __init__(
-        self, host: PushHost, subscription: str, session: aiohttp.ClientSession, clock: Clock
+        self,
+        host: PushHost,
+        subscription: str,
+        session: aiohttp.ClientSession,
+        clock: Clock,
+        tokens: PushTokenSigner,
     ) -> None:
         self.host = host
         self.subscription = subscription
         self._session = session
         self._clock = clock
+        self._tokens = tokens
         self.window = INITIAL_WINDOW
         self.backoff = 0.0
         self._paused_until = 0.0
@@ -200,15 +211,25 @@ class PushWorker:
     async def _post(self, config: Any, received: Any) -> int | None:
         """POST one message; the HTTP status, or ``None`` if no answer came (in time)."""
         body, headers = push_request(config, received)
+        endpoint = config.push_config.push_endpoint
+        oidc = config.push_config.oidc_token
+        if oidc.service_account_email:
+            try:
+                token = await self._tokens.token(oidc.service_account_email, oidc.audience or endpoint)
+            except Exception:
+                logger.exception("No OIDC token for a push of %s: not sent.", self.subscription)
+                return None
+            # An attribute sent as a header (write_metadata) does not stand in for the token.
+            for name in [name for name in headers if name.lower() == "authorization"]:
+                del headers[name]
+            headers["Authorization"] = f"Bearer {token}"
         timeout = aiohttp.ClientTimeout(total=float(config.ack_deadline_seconds))
         try:
-            async with self._session.post(
-                config.push_config.push_endpoint, data=body, headers=headers, timeout=timeout
-            ) as response:
+            async with self._session.post(endpoint, data=body, headers=headers, timeout=timeout) as response:
                 await response.read()
                 return response.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
-            logger.debug("Push to %s failed: %r", config.push_config.push_endpoint, error)
+            logger.debug("Push to %s failed: %r", endpoint, error)
             return None
 
     def _nack(self, ack_id: str) -> None:
@@ -224,11 +245,15 @@ class PushWorker:
 
 
 class PushDispatcher:
-    """Starts and stops one :class:`PushWorker` per push subscription; owns the HTTP session."""
+    """Starts and stops one :class:`PushWorker` per push subscription; owns the HTTP session.
 
-    def __init__(self, host: PushHost, clock: Clock) -> None:
+    ``tokens`` signs the OIDC tokens of subscriptions that ask for them (default: a key in memory).
+    """
+
+    def __init__(self, host: PushHost, clock: Clock, tokens: PushTokenSigner | None = None) -> None:
         self.host = host
         self._clock = clock
+        self.tokens = tokens if tokens is not None else PushTokenSigner(None)
         self.workers: dict[str, PushWorker] = {}
         self._session: aiohttp.ClientSession | None = None
         self._stopping: set[asyncio.Task[None]] = set()
@@ -247,7 +272,7 @@ class PushDispatcher:
             if self._session is None:
                 connector = aiohttp.TCPConnector(limit=0, limit_per_host=MAX_WINDOW)
                 self._session = aiohttp.ClientSession(connector=connector)
-            worker = PushWorker(self.host, subscription, self._session, self._clock)
+            worker = PushWorker(self.host, subscription, self._session, self._clock, self.tokens)
             self.workers[subscription] = worker
             worker.start()
 

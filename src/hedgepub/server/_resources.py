@@ -18,6 +18,7 @@ from hedgepub._status import StatusCode
 from hedgepub.server import _limits as limits
 from hedgepub.server._filters import compile_filter
 from hedgepub.server._limits import ServiceError, invalid, not_found
+from hedgepub.server._oidc import valid_service_account_email
 
 Topic: Any = pubsub_types.Topic.pb()
 Subscription: Any = pubsub_types.Subscription.pb()
@@ -112,7 +113,20 @@ def check_subscription_fields(config: Any) -> None:
 
 
 def check_push_config(push_config: Any) -> None:
-    """A push endpoint, when there is one, is an absolute http or https URL."""
+    """A push endpoint, when there is one, is an absolute http or https URL; an OIDC token's service
+    account has the form of an email address, and an audience comes with a service account."""
+    oidc = push_config.oidc_token
+    email = oidc.service_account_email
+    if email and not valid_service_account_email(email):
+        raise invalid(
+            f"Invalid push_config.oidc_token.service_account_email ({email}): it must be the email "
+            "address of a service account."
+        )
+    if oidc.audience and not email:
+        raise invalid(
+            "push_config.oidc_token.audience is set without push_config.oidc_token.service_account_email: "
+            "the token is made for a service account, which must be given."
+        )
     endpoint = push_config.push_endpoint
     if not endpoint:
         return

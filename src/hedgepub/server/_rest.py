@@ -27,7 +27,7 @@ import math
 import re
 import typing
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,19 +434,32 @@ def _error_json(code: grpc.StatusCode, message: str, details: Iterable[dict[str,
     return json.dumps(error_body(code, message, details), indent=2).encode()
 
 
-def http_protocol_factory(gateway: RestGateway) -> Any:
+def http_protocol_factory(
+    gateway: RestGateway, pages: Mapping[str, Callable[[], Awaitable[Any]]] | None = None
+) -> Any:
     """aiohttp's low-level HTTP/1.1 server answering every request through ``gateway``.
 
-    The returned object makes one protocol per connection (call it with no argument); its ``shutdown``
-    coroutine closes them all.
+    ``pages``: paths outside the API answered to GET with a JSON document, each made by its coroutine
+    function (the push tokens' public keys, see ``_oidc.py``). The returned object makes one protocol
+    per connection (call it with no argument); its ``shutdown`` coroutine closes them all.
     """
     from aiohttp import web
+
+    documents = dict(pages or {})
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         raw_path = request.rel_url.raw_path
         if raw_path == "/" and request.method in ("GET", "HEAD"):
             # What the Google emulator answers too; scripts poll it to learn the server is up.
             return web.Response(text="Ok\n")
+        page = documents.get(request.rel_url.path)
+        if page is not None and request.method in ("GET", "HEAD"):
+            try:
+                return web.json_response(await page())
+            except Exception:
+                logger.exception("GET %s failed", raw_path)
+                message = f"The server failed to make {raw_path}; see its log."
+                return web.json_response(error_body(grpc.StatusCode.INTERNAL, message), status=500)
         if request.version >= (1, 1) and request.headers.get("expect", "").lower() == "100-continue":
             # curl asks before sending a large body and waits a second for this; aiohttp's low-level
             # server leaves the answer to the handler (its web.Application sends it the same way).

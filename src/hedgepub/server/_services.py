@@ -247,7 +247,8 @@ class PubSubServicer:
         return _Empty()
 
     async def StreamingPull(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """Bidirectional: a reader task applies acks, modacks and deadline changes; we send messages."""
+        """Bidirectional: a reader task applies acks, modacks and deadline changes; we send messages and,
+        under exactly-once delivery, the confirmations of those acks and modacks (:class:`_Confirmations`)."""
         core = self.core
         first = await _next_request(requests)
         if first is None:
@@ -267,6 +268,18 @@ class PubSubServicer:
         )
         failure: list[Exception] = []
 
+        def confirm(acknowledged: bool, ack_ids: Any, failures: dict[str, str] | None) -> None:
+            """Exactly-once delivery (failures is None without it): owe the client a confirmation."""
+            if failures is None:
+                return
+            if consumer.confirmations is None:
+                consumer.confirmations = _Confirmations()
+            consumer.confirmations.add(acknowledged, ack_ids, failures)
+            core.wake(subscription)
+
+        async def acknowledge(ack_ids: Any) -> None:
+            confirm(True, ack_ids, await core.acknowledge(subscription, ack_ids, report=False))
+
         def apply(request: Any) -> None:
             if request.stream_ack_deadline_seconds:
                 consumer.ack_deadline = float(
@@ -277,22 +290,23 @@ class PubSubServicer:
                     )
                 )
             if request.modify_deadline_ack_ids or request.modify_deadline_seconds:
-                core.modify_each(
-                    subscription, request.modify_deadline_ack_ids, request.modify_deadline_seconds
+                ack_ids = request.modify_deadline_ack_ids
+                confirm(
+                    False, ack_ids, core.modify_each(subscription, ack_ids, request.modify_deadline_seconds)
                 )
 
         async def read() -> None:
             try:
                 apply(first)
                 if first.ack_ids:
-                    await core.acknowledge(subscription, first.ack_ids, report=False)
+                    await acknowledge(first.ack_ids)
                 while True:
                     request = await _next_request(requests)
                     if request is None:
                         break
                     apply(request)
                     if request.ack_ids:
-                        await core.acknowledge(subscription, request.ack_ids, report=False)
+                        await acknowledge(request.ack_ids)
             except (asyncio.CancelledError, grpc.RpcError):
                 pass
             except Exception as error:  # e.g. an ack the store could not write: end the stream with it
@@ -306,7 +320,8 @@ class PubSubServicer:
                 batch = await core.next_batch(subscription, consumer)
                 if failure:
                     raise failure[0]
-                if not batch:
+                owed, consumer.confirmations = consumer.confirmations, None
+                if not batch and owed is None:
                     break
                 # Read per response: an UpdateSubscription can turn exactly-once delivery on or off.
                 config = core.get_subscription(subscription)
@@ -314,9 +329,10 @@ class PubSubServicer:
                     message_ordering_enabled=config.enable_message_ordering,
                     exactly_once_delivery_enabled=config.enable_exactly_once_delivery,
                 )
-                yield _pb.StreamingPullResponse.pb()(
-                    received_messages=batch, subscription_properties=properties
-                )
+                response = _StreamingPullResponse(received_messages=batch, subscription_properties=properties)
+                if owed is not None:  # with the messages ready now, if any, as the real service may
+                    owed.fill(response)
+                yield response
         finally:
             core.close_consumer(subscription, consumer)
             reader.cancel()
@@ -394,7 +410,50 @@ class PubSubServicer:
 
 
 _PublishResponse: Any = _pb.PublishResponse.pb()
+_StreamingPullResponse: Any = _pb.StreamingPullResponse.pb()
 _SubscriptionProperties: Any = _pb.StreamingPullResponse.SubscriptionProperties.pb()
+
+
+class _Confirmations:
+    """The exactly-once confirmations a StreamingPull stream owes its client: the ack IDs of the acks and
+    of the modacks it sent since its last response, each processed or invalid.
+
+    The real service sets ``acknowledge_confirmation`` / ``modify_ack_deadline_confirmation`` only on
+    subscriptions with exactly-once delivery. Every failure the core reports is permanent (an ack ID that
+    is malformed, unknown, or whose lease ended: expired, nacked or superseded), hence ``invalid_ack_ids``;
+    a store that cannot write ends the stream rather than failing ack IDs temporarily, and the core has no
+    order of acks to enforce, so ``temporary_failed_ack_ids`` and ``unordered_ack_ids`` stay empty.
+    """
+
+    __slots__ = ("acknowledged", "modified")
+
+    def __init__(self) -> None:
+        self.acknowledged: Any = None
+        self.modified: Any = None
+
+    def add(self, acknowledged: bool, ack_ids: Iterable[str], failures: dict[str, str]) -> None:
+        """Record the outcome of one request's acks (``acknowledged``) or modacks."""
+        if acknowledged:
+            if self.acknowledged is None:
+                self.acknowledged = _AcknowledgeConfirmation()
+            confirmation = self.acknowledged
+        else:
+            if self.modified is None:
+                self.modified = _ModifyAckDeadlineConfirmation()
+            confirmation = self.modified
+        for ack_id in ack_ids:
+            (confirmation.invalid_ack_ids if ack_id in failures else confirmation.ack_ids).append(ack_id)
+
+    def fill(self, response: Any) -> None:
+        """Set the confirmations owed on a ``StreamingPullResponse``."""
+        if self.acknowledged is not None:
+            response.acknowledge_confirmation.CopyFrom(self.acknowledged)
+        if self.modified is not None:
+            response.modify_ack_deadline_confirmation.CopyFrom(self.modified)
+
+
+_AcknowledgeConfirmation: Any = _pb.StreamingPullResponse.AcknowledgeConfirmation.pb()
+_ModifyAckDeadlineConfirmation: Any = _pb.StreamingPullResponse.ModifyAckDeadlineConfirmation.pb()
 
 
 def _revision_key(revision: Any) -> str:
