@@ -19,10 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import pytest
-from google.pubsub_v1.types import pubsub
 
+from hedgepub.bench import AdminClient
 from hedgepub.server import LocalServer
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -58,13 +57,8 @@ def test_every_python_block_is_found() -> None:
 @pytest.fixture
 def example_server(monkeypatch: pytest.MonkeyPatch):
     with LocalServer(in_memory=True) as server:
-        with grpc.insecure_channel(server.address) as channel:
-            create_topic = channel.unary_unary(
-                "/google.pubsub.v1.Publisher/CreateTopic",
-                request_serializer=pubsub.Topic.pb().SerializeToString,
-                response_deserializer=pubsub.Topic.pb().FromString,
-            )
-            create_topic(pubsub.Topic.pb()(name=EXAMPLE_TOPIC), timeout=10)
+        with AdminClient(server.address) as admin:
+            admin.create_topic(EXAMPLE_TOPIC)
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
         yield server
 

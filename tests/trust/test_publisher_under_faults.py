@@ -16,13 +16,11 @@ import os
 import time
 from collections import Counter
 
-import grpc
 import pytest
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient, RetrySettings, StatusCode
+from hedgepub.bench import AdminClient
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
-
-from .._pb import Topic
 
 MESSAGES = int(os.environ.get("HEDGEPUB_TRUST_MESSAGES", "") or 20_000)
 SEED = int(os.environ.get("HEDGEPUB_TRUST_SEED", "") or 20261129)
@@ -41,13 +39,8 @@ def test_every_future_resolves_and_every_id_is_stored_under_faults() -> None:
     )
     with LocalServer(in_memory=True, faults=faults) as server:
         # The topic is created over gRPC too; the rule is on Publish only, so this call is not faulted.
-        with grpc.insecure_channel(server.address) as channel:
-            create = channel.unary_unary(
-                "/google.pubsub.v1.Publisher/CreateTopic",
-                request_serializer=Topic.SerializeToString,
-                response_deserializer=Topic.FromString,
-            )
-            create(Topic(name=TOPIC), timeout=10)
+        with AdminClient(server.address) as admin:
+            admin.create_topic(TOPIC)
 
         publisher = PublisherClient(
             hedging_settings=HedgingSettings(hedge_delay=0.3, max_tokens=50, refill_ratio=0.1),
