@@ -52,6 +52,7 @@ from hedgepub.cli import main
 from hedgepub.server import IamConfig, IamEnforcer, LocalServer, ServiceError
 
 from .._cli import CLI
+from .._tls import Certificates
 
 PROJECT = "tls-project"
 TOPIC = f"projects/{PROJECT}/topics/orders"
@@ -138,7 +139,9 @@ class ExpiringTokenAuthorizer:
 
 
 @pytest.fixture
-def tls_server(certificates: Any, tmp_path: Path) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
+def tls_server(
+    certificates: Certificates, tmp_path: Path
+) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
     tokens = [f"t-publisher-{number}" for number in range(40)]
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(
@@ -169,7 +172,7 @@ def tls_server(certificates: Any, tmp_path: Path) -> Iterator[tuple[LocalServer,
 
 
 def test_every_attempt_and_hedge_carries_a_fresh_token_over_tls(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
 ) -> None:
     server, authorizer = tls_server
     assert server.tls
@@ -221,7 +224,7 @@ def test_plain_text_cannot_reach_the_tls_port(
 
 
 def test_an_expired_token_that_cannot_be_refreshed_fails_at_once_with_a_clear_error(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
 ) -> None:
     server, authorizer = tls_server
     expired = google.auth._helpers.utcnow() - datetime.timedelta(minutes=1)  # naive UTC, as google-auth wants
@@ -256,7 +259,7 @@ def _create_topic(address: str, root_certificates: bytes, token: str) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="stops the server with SIGTERM")
-def test_hedgepub_serve_with_tls_cert_and_key(certificates: Any) -> None:
+def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> None:
     command = [*CLI, "serve", "--in-memory"]
     command += ["--port", "0", "--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -279,13 +282,13 @@ def test_hedgepub_serve_with_tls_cert_and_key(certificates: Any) -> None:
         assert process.wait(timeout=15) == 0
 
 
-def test_hedgepub_serve_needs_both_tls_files(certificates: Any) -> None:
+def test_hedgepub_serve_needs_both_tls_files(certificates: Certificates) -> None:
     result = CliRunner().invoke(main, ["serve", "--in-memory", "--tls-cert", str(certificates.cert)])
     assert result.exit_code == 2
     assert "--tls-cert and --tls-key go together" in result.output
 
 
-def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Any) -> None:
+def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certificates) -> None:
     iam = IamConfig({ADMIN_TOKEN: "user:admin@example.com"}, {"bindings": [ADMIN_BINDING]})
     with LocalServer(in_memory=True, iam=iam, tls_cert=certificates.cert, tls_key=certificates.key) as server:
         runner = CliRunner()
@@ -305,7 +308,7 @@ def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Any) -
 
 
 def test_the_toolbox_over_tls_without_a_token_sends_no_credentials(
-    certificates: Any, monkeypatch: pytest.MonkeyPatch
+    certificates: Certificates, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No token: nothing is sent, as over plain text; Application Default Credentials are not looked up
     # (a lookup would fail the command: there are none here).
@@ -340,7 +343,7 @@ class Https:
         return response.status, json.loads(response.read())
 
 
-def test_the_official_client_and_plain_https_share_one_tls_port_under_iam(certificates: Any) -> None:
+def test_the_official_client_and_plain_https_share_one_tls_port_under_iam(certificates: Certificates) -> None:
     tokens = {
         ADMIN_TOKEN: "user:admin@example.com",
         "t-publisher": PUBLISHER,
@@ -411,7 +414,7 @@ def test_the_official_client_and_plain_https_share_one_tls_port_under_iam(certif
         https.connection.close()
 
 
-def test_curl_over_tls_reaches_rest_with_its_default_alpn(certificates: Any) -> None:
+def test_curl_over_tls_reaches_rest_with_its_default_alpn(certificates: Certificates) -> None:
     curl = shutil.which("curl")
     if curl is None:
         pytest.skip("curl is not on PATH")

@@ -18,11 +18,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from .._cli import first_line, served_address, terminate
+from .._tls import Certificates
 
 PROJECT = "gcloud-interop"
 TOPIC = "orders"
@@ -128,7 +128,7 @@ def test_gcloud_topics_subscriptions_publish_and_pull(gcloud: Gcloud) -> None:
 
 
 @pytest.fixture
-def serve_tls(certificates: Any) -> Iterator[str]:
+def serve_tls(certificates: Certificates) -> Iterator[str]:
     """``hedgepub serve --tls-cert ... --tls-key ...`` as a subprocess; yields its ``https://`` endpoint."""
     command = [sys.executable, "-m", "hedgepub", "serve", "--in-memory", "--port", "0"]
     command += ["--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
@@ -141,7 +141,9 @@ def serve_tls(certificates: Any) -> Iterator[str]:
         terminate(process)
 
 
-def test_gcloud_over_tls_trusting_a_private_ca(serve_tls: str, certificates: Any, tmp_path: Path) -> None:
+def test_gcloud_over_tls_trusting_a_private_ca(
+    serve_tls: str, certificates: Certificates, tmp_path: Path
+) -> None:
     executable = shutil.which("gcloud")
     if executable is None:
         pytest.skip("gcloud interop: `gcloud` is not on PATH")

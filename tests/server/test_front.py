@@ -33,6 +33,7 @@ from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
 
 from .._pb import PublishRequest, PublishResponse, PullRequest, PullResponse, Topic
+from .._tls import Certificates
 
 PROJECT = "projects/front-project"
 
@@ -338,7 +339,7 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
 
 @pytest.fixture(params=RELAYS)
 def tls_server(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, certificates: Any
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, certificates: Certificates
 ) -> Iterator[LocalServer]:
     monkeypatch.setenv(RELAY_ENVIRONMENT, request.param)
     with LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key) as local:
@@ -379,7 +380,7 @@ def _tls_handshake(
 
 @pytest.mark.parametrize(("alpn", "reaches"), [(["h2"], "h2"), (["h2", "http/1.1"], "http/1.1"), ([], None)])
 def test_a_client_hello_arriving_in_pieces_is_still_told_apart(
-    tls_server: LocalServer, certificates: Any, alpn: list[str], reaches: str | None
+    tls_server: LocalServer, certificates: Certificates, alpn: list[str], reaches: str | None
 ) -> None:
     with _connect(tls_server) as connection:
         client, incoming, outgoing = _tls_handshake(connection, certificates.ca, alpn, pieces=4)
@@ -434,7 +435,9 @@ def test_a_plain_text_http_request_to_the_tls_port_is_told_to_use_tls(tls_server
     connection.close()
 
 
-def test_grpc_and_large_messages_cross_the_tls_relay(tls_server: LocalServer, certificates: Any) -> None:
+def test_grpc_and_large_messages_cross_the_tls_relay(
+    tls_server: LocalServer, certificates: Certificates
+) -> None:
     topic, subscription = f"{PROJECT}/topics/tls", f"{PROJECT}/subscriptions/tls-sub"
     credentials = grpc.ssl_channel_credentials(root_certificates=certificates.ca.read_bytes())
     options = [("grpc.max_receive_message_length", 20_000_000), ("grpc.max_send_message_length", 20_000_000)]
