@@ -10,12 +10,15 @@ calls slowly; a wrapping authorizer records the token every call carried and ref
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
-import ipaddress
+import http.client
 import itertools
 import json
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -24,16 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import google.api_core.exceptions
 import google.auth._helpers
 import google.auth.exceptions
 import google.oauth2.credentials
 import grpc
 import pytest
 from click.testing import CliRunner
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from google.cloud import pubsub_v1
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 from google.pubsub_v1.types import pubsub
 
 from hedgepub import (
@@ -59,78 +62,6 @@ ADMIN_TOKEN = "t-admin"
 TOKEN_LIFETIME = datetime.timedelta(seconds=1.0)
 #: An attempt sent just before its token expires reaches the server a little later.
 IN_FLIGHT_GRACE = datetime.timedelta(seconds=0.2)
-
-
-@dataclass
-class Certificates:
-    """A throwaway CA and a server certificate it signed for 127.0.0.1 and localhost, as PEM files."""
-
-    ca: Path
-    cert: Path
-    key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
-    directory = tmp_path_factory.mktemp("tls")
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("hedgepub test CA"))
-        .issuer_name(_name("hedgepub test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = Certificates(ca=directory / "ca.pem", cert=directory / "server.pem", key=directory / "server.key")
-    paths.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths.cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    paths.key.write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return paths
 
 
 @dataclass
@@ -207,9 +138,7 @@ class ExpiringTokenAuthorizer:
 
 
 @pytest.fixture
-def tls_server(
-    certificates: Certificates, tmp_path: Path
-) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
+def tls_server(certificates: Any, tmp_path: Path) -> Iterator[tuple[LocalServer, ExpiringTokenAuthorizer]]:
     tokens = [f"t-publisher-{number}" for number in range(40)]
     tokens_file = tmp_path / "tokens.json"
     tokens_file.write_text(
@@ -240,7 +169,7 @@ def tls_server(
 
 
 def test_every_attempt_and_hedge_carries_a_fresh_token_over_tls(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
 ) -> None:
     server, authorizer = tls_server
     assert server.tls
@@ -292,7 +221,7 @@ def test_plain_text_cannot_reach_the_tls_port(
 
 
 def test_an_expired_token_that_cannot_be_refreshed_fails_at_once_with_a_clear_error(
-    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Certificates
+    tls_server: tuple[LocalServer, ExpiringTokenAuthorizer], certificates: Any
 ) -> None:
     server, authorizer = tls_server
     expired = google.auth._helpers.utcnow() - datetime.timedelta(minutes=1)  # naive UTC, as google-auth wants
@@ -327,7 +256,7 @@ def _create_topic(address: str, root_certificates: bytes, token: str) -> None:
 
 
 @pytest.mark.skipif(os.name != "posix", reason="stops the server with SIGTERM")
-def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> None:
+def test_hedgepub_serve_with_tls_cert_and_key(certificates: Any) -> None:
     command = [*CLI, "serve", "--in-memory"]
     command += ["--port", "0", "--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -341,18 +270,22 @@ def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> Non
         credentials = google.oauth2.credentials.Credentials(token="t-any")
         with PublisherClient(endpoint=endpoint, credentials=credentials, root_certificates=root) as publisher:
             assert publisher.publish(TOPIC, b"over TLS").result(timeout=30)
+        # REST on the same TLS port.
+        https = Https(endpoint.removeprefix("https://"), certificates.ca)
+        assert https.request("GET", f"/v1/projects/{PROJECT}/topics") == (200, {"topics": [{"name": TOPIC}]})
+        https.connection.close()
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
 
 
-def test_hedgepub_serve_needs_both_tls_files(certificates: Certificates) -> None:
+def test_hedgepub_serve_needs_both_tls_files(certificates: Any) -> None:
     result = CliRunner().invoke(main, ["serve", "--in-memory", "--tls-cert", str(certificates.cert)])
     assert result.exit_code == 2
     assert "--tls-cert and --tls-key go together" in result.output
 
 
-def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certificates) -> None:
+def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Any) -> None:
     iam = IamConfig({ADMIN_TOKEN: "user:admin@example.com"}, {"bindings": [ADMIN_BINDING]})
     with LocalServer(in_memory=True, iam=iam, tls_cert=certificates.cert, tls_key=certificates.key) as server:
         runner = CliRunner()
@@ -372,7 +305,7 @@ def test_the_toolbox_over_tls_with_a_private_ca_and_a_token(certificates: Certif
 
 
 def test_the_toolbox_over_tls_without_a_token_sends_no_credentials(
-    certificates: Certificates, monkeypatch: pytest.MonkeyPatch
+    certificates: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No token: nothing is sent, as over plain text; Application Default Credentials are not looked up
     # (a lookup would fail the command: there are none here).
@@ -385,3 +318,116 @@ def test_the_toolbox_over_tls_without_a_token_sends_no_credentials(
         result = runner.invoke(main, ["publish", "orders", "anonymous", *options])
         assert result.exit_code == 0, result.output
         assert [message.data for message in server.messages(TOPIC)] == [b"anonymous"]
+
+
+# ------------------------------------------------------------------- REST and gRPC on one TLS port
+
+
+class Https:
+    """Plain HTTPS requests (``http.client``) to a TLS server, trusting only the test CA."""
+
+    def __init__(self, address: str, ca: Path) -> None:
+        host, port = address.rsplit(":", 1)
+        context = ssl.create_default_context(cafile=str(ca))
+        self.connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=30)
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        """One request (JSON body); the status and the decoded JSON answer."""
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        payload = None if body is None else json.dumps(body).encode()
+        self.connection.request(method, path, body=payload, headers=headers)
+        response = self.connection.getresponse()
+        return response.status, json.loads(response.read())
+
+
+def test_the_official_client_and_plain_https_share_one_tls_port_under_iam(certificates: Any) -> None:
+    tokens = {
+        ADMIN_TOKEN: "user:admin@example.com",
+        "t-publisher": PUBLISHER,
+        "t-nobody": "user:nobody@x.com",
+    }
+    policy = {"bindings": [ADMIN_BINDING, {"role": "roles/pubsub.publisher", "members": [PUBLISHER]}]}
+    iam = IamConfig(tokens, policy)
+    with LocalServer(in_memory=True, iam=iam, tls_cert=certificates.cert, tls_key=certificates.key) as server:
+        https = Https(server.address, certificates.ca)
+        # REST over TLS meets IAM as gRPC does: no token, a token without the role, the admin's.
+        topic_path = f"/v1/{TOPIC}"
+        status, document = https.request("PUT", topic_path, {})
+        assert (status, document["error"]["status"]) == (401, "UNAUTHENTICATED")
+        status, document = https.request("PUT", topic_path, {}, token="t-nobody")
+        assert (status, document["error"]["status"]) == (403, "PERMISSION_DENIED")
+        assert https.request("PUT", topic_path, {}, token=ADMIN_TOKEN) == (200, {"name": TOPIC})
+        subscription = f"projects/{PROJECT}/subscriptions/orders-sub"
+        status, _ = https.request("PUT", f"/v1/{subscription}", {"topic": TOPIC}, token=ADMIN_TOKEN)
+        assert status == 200
+
+        # The official client, over gRPC on the same port, with the publisher's token.
+        channel_credentials = grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials(root_certificates=certificates.ca.read_bytes()),
+            grpc.access_token_call_credentials("t-publisher"),
+        )
+        with grpc.secure_channel(server.address, channel_credentials) as channel:
+            publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+            message_id = publisher.publish(TOPIC, b"over gRPC").result(timeout=30)
+            publisher.stop()
+            with pytest.raises(google.api_core.exceptions.PermissionDenied):  # a publisher may not pull
+                pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel)).pull(
+                    subscription=subscription, max_messages=1, timeout=30
+                )
+        status, published = https.request(
+            "POST", f"/v1/{TOPIC}:publish", {"messages": [{"data": "b3ZlciBSRVNU"}]}, token="t-publisher"
+        )
+        assert status == 200 and len(published["messageIds"]) == 1
+
+        # Pulled over REST (the admin's token), then over gRPC with the official client.
+        status, pulled = https.request(
+            "POST", f"/v1/{subscription}:pull", {"maxMessages": 1}, token=ADMIN_TOKEN
+        )
+        assert status == 200
+        [first] = pulled["receivedMessages"]
+        assert (first["message"]["messageId"], first["message"]["data"]) == (
+            message_id,
+            base64.b64encode(b"over gRPC").decode(),
+        )
+        ack = {"ackIds": [first["ackId"]]}
+        assert https.request("POST", f"/v1/{subscription}:acknowledge", ack, token=ADMIN_TOKEN) == (200, {})
+        admin_credentials = grpc.composite_channel_credentials(
+            grpc.ssl_channel_credentials(root_certificates=certificates.ca.read_bytes()),
+            grpc.access_token_call_credentials(ADMIN_TOKEN),
+        )
+        with grpc.secure_channel(server.address, admin_credentials) as channel:
+            subscriber = pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+            response = subscriber.pull(subscription=subscription, max_messages=1, timeout=30)
+            [second] = response.received_messages
+            assert (second.message.message_id, second.message.data) == (
+                published["messageIds"][0],
+                b"over REST",
+            )
+        # The keys that verify push OIDC tokens are served on the same TLS port.
+        certs_url = server.push_certs_url
+        assert certs_url is not None and certs_url.startswith(f"https://{server.address}/")
+        status, keys = https.request("GET", certs_url.removeprefix(f"https://{server.address}"))
+        assert status == 200 and keys and all("CERTIFICATE" in pem for pem in keys.values())
+        https.connection.close()
+
+
+def test_curl_over_tls_reaches_rest_with_its_default_alpn(certificates: Any) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not on PATH")
+    with LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key) as server:
+        base = f"https://{server.address}/v1/projects/{PROJECT}/topics"
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            command = [curl, "-sS", "-v", "--max-time", "30", "--cacert", str(certificates.ca), *args]
+            return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+        created = run("-X", "PUT", f"{base}/orders")
+        assert created.returncode == 0, created.stderr
+        assert json.loads(created.stdout) == {"name": TOPIC}
+        # curl offers h2 and http/1.1; the REST front chose http/1.1.
+        assert "ALPN: offers h2" in created.stderr and "server accepted http/1.1" in created.stderr
+        listed = run(base)
+        assert json.loads(listed.stdout) == {"topics": [{"name": TOPIC}]}
+        untrusted = subprocess.run([curl, "-sS", base], capture_output=True, text=True, timeout=60)
+        assert untrusted.returncode == 60, untrusted.stderr  # the system's roots do not know the test CA

@@ -1,4 +1,5 @@
-"""The ``gcloud`` CLI against ``hedgepub serve``: topics, subscriptions, publish and pull over REST.
+"""The ``gcloud`` CLI against ``hedgepub serve``: topics, subscriptions, publish and pull over REST, in
+plain text and over TLS.
 
 gcloud speaks REST/JSON (HTTP/1.1) to ``api_endpoint_overrides/pubsub``; here that is the same port
 ``hedgepub serve`` prints for gRPC clients. gcloud runs with a configuration directory of its own
@@ -17,10 +18,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .._cli import served_address, terminate
+from .._cli import first_line, served_address, terminate
 
 PROJECT = "gcloud-interop"
 TOPIC = "orders"
@@ -123,3 +125,39 @@ def test_gcloud_topics_subscriptions_publish_and_pull(gcloud: Gcloud) -> None:
     missing = gcloud.run("pubsub", "topics", "describe", TOPIC, check=False)
     assert missing.returncode != 0
     assert "NOT_FOUND: Resource not found (resource=orders)." in missing.stderr
+
+
+@pytest.fixture
+def serve_tls(certificates: Any) -> Iterator[str]:
+    """``hedgepub serve --tls-cert ... --tls-key ...`` as a subprocess; yields its ``https://`` endpoint."""
+    command = [sys.executable, "-m", "hedgepub", "serve", "--in-memory", "--port", "0"]
+    command += ["--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        line = first_line(process, timeout=30)
+        assert line.startswith("endpoint=https://"), line
+        yield line.removeprefix("endpoint=")
+    finally:
+        terminate(process)
+
+
+def test_gcloud_over_tls_trusting_a_private_ca(serve_tls: str, certificates: Any, tmp_path: Path) -> None:
+    executable = shutil.which("gcloud")
+    if executable is None:
+        pytest.skip("gcloud interop: `gcloud` is not on PATH")
+    cli = Gcloud(executable, tmp_path / "gcloud-config", serve_tls)
+    # gcloud trusts the CA of core/custom_ca_certs_file; the CA bundles some machines name in the
+    # environment for every tool would win over it inside gcloud's HTTP library, so they go.
+    cli.env["CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE"] = str(certificates.ca)
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        cli.env.pop(variable, None)
+    cli.run("config", "set", "auth/disable_credentials", "true")
+    cli.run("config", "set", "api_endpoint_overrides/pubsub", f"{serve_tls}/")
+    cli.run("config", "set", "core/project", PROJECT)
+
+    cli.run("pubsub", "topics", "create", TOPIC)
+    cli.run("pubsub", "subscriptions", "create", SUBSCRIPTION, "--topic", TOPIC)
+    published = cli.json("pubsub", "topics", "publish", TOPIC, "--message", "over TLS")
+    pulled = cli.json("pubsub", "subscriptions", "pull", SUBSCRIPTION, "--auto-ack", "--limit", "10")
+    assert [item["message"]["messageId"] for item in pulled] == published["messageIds"]  # type: ignore[index, union-attr]
+    assert [base64.b64decode(item["message"]["data"]) for item in pulled] == [b"over TLS"]  # type: ignore[union-attr]

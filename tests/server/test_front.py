@@ -1,4 +1,5 @@
-"""The one-port front: how it tells gRPC from HTTP/1.1, relays large messages both ways, and stops.
+"""The one-port front: how it tells gRPC from HTTP/1.1 (by the first bytes, or on a TLS port by the
+ClientHello's ALPN), relays large messages both ways, and stops.
 
 Raw sockets stand in for clients where the test is about the bytes (a first request that arrives a byte
 at a time, a connection that says nothing); the official client where it is about gRPC working
@@ -8,11 +9,13 @@ through the relay.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import logging
 import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +26,8 @@ from typing import Any
 import grpc
 import pytest
 from google.cloud import pubsub_v1
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
@@ -326,3 +331,125 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
     finally:
         serve.kill()
         serve.wait()
+
+
+# --------------------------------------------------------------------------------------- on a TLS port
+
+
+@pytest.fixture(params=RELAYS)
+def tls_server(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, certificates: Any
+) -> Iterator[LocalServer]:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, request.param)
+    with LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key) as local:
+        yield local
+
+
+def _tls_handshake(
+    connection: socket.socket, ca: Any, alpn: list[str], pieces: int = 1
+) -> tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]:
+    """A TLS handshake over ``connection``, driven by hand so that the ClientHello can be sent in
+    ``pieces`` pauses apart; the client's TLS object and its two memory BIOs."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols(alpn)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    first = True
+    while True:
+        try:
+            client.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        data = outgoing.read()
+        if first:  # the ClientHello, cut in pieces
+            step = -(-len(data) // pieces)
+            for start in range(0, len(data), step):
+                connection.sendall(data[start : start + step])
+                time.sleep(0.05)
+            first = False
+        elif data:
+            connection.sendall(data)
+        if done:
+            return client, incoming, outgoing
+        chunk = connection.recv(65536)
+        assert chunk, "the server closed the connection during the handshake"
+        incoming.write(chunk)
+
+
+@pytest.mark.parametrize(("alpn", "reaches"), [(["h2"], "h2"), (["h2", "http/1.1"], "http/1.1"), ([], None)])
+def test_a_client_hello_arriving_in_pieces_is_still_told_apart(
+    tls_server: LocalServer, certificates: Any, alpn: list[str], reaches: str | None
+) -> None:
+    with _connect(tls_server) as connection:
+        client, incoming, outgoing = _tls_handshake(connection, certificates.ca, alpn, pieces=4)
+        # The gRPC face's TLS chose h2, the REST front's http/1.1 (or nothing, offered nothing).
+        assert client.selected_alpn_protocol() == reaches
+        if reaches == "h2":
+            client.write(HTTP2_PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # preface, SETTINGS
+            connection.sendall(outgoing.read())
+            frame = b""
+            while len(frame) < 9:
+                try:
+                    frame += client.read(9 - len(frame))
+                except ssl.SSLWantReadError:
+                    incoming.write(connection.recv(65536))
+            assert frame[3] == 0x4  # the gRPC server's SETTINGS frame
+        else:
+            client.write(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            connection.sendall(outgoing.read())
+            answer = b""
+            while b"Ok\n" not in answer:
+                try:
+                    answer += client.read(65536)
+                except ssl.SSLWantReadError:
+                    chunk = connection.recv(65536)
+                    assert chunk, answer
+                    incoming.write(chunk)
+            assert answer.startswith(b"HTTP/1.1 200 OK")
+
+
+@pytest.mark.parametrize(
+    ("first_bytes", "answer"),
+    [
+        # A gRPC client in plain text: the answer tells grpc core it reached an HTTP/1 server.
+        (HTTP2_PREFACE, b"HTTP/1.0 400 Bad Request\r\n"),
+        (b"\x00\x01\x02\x03\x04\x05", b""),  # nothing at all
+        (b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00", b""),  # a TLS handshake record, not a ClientHello
+    ],
+)
+def test_what_is_not_a_tls_client_hello_is_closed(
+    tls_server: LocalServer, first_bytes: bytes, answer: bytes
+) -> None:
+    with _connect(tls_server) as connection:
+        connection.sendall(first_bytes)
+        assert _read_until_closed_or(connection, b"never sent").startswith(answer)  # once closed
+
+
+def test_a_plain_text_http_request_to_the_tls_port_is_told_to_use_tls(tls_server: LocalServer) -> None:
+    connection = http.client.HTTPConnection(tls_server.host, tls_server.port, timeout=10)
+    connection.request("GET", "/v1/projects/front-project/topics")
+    response = connection.getresponse()
+    assert (response.status, response.read()) == (400, b"This port speaks TLS: use https://.\n")
+    connection.close()
+
+
+def test_grpc_and_large_messages_cross_the_tls_relay(tls_server: LocalServer, certificates: Any) -> None:
+    topic, subscription = f"{PROJECT}/topics/tls", f"{PROJECT}/subscriptions/tls-sub"
+    credentials = grpc.ssl_channel_credentials(root_certificates=certificates.ca.read_bytes())
+    options = [("grpc.max_receive_message_length", 20_000_000), ("grpc.max_send_message_length", 20_000_000)]
+    with grpc.secure_channel(tls_server.address, credentials, options=options) as channel:
+        publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+        subscriber = pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(name=subscription, topic=topic)
+        data = bytes(range(256)) * (6_000_000 // 256)  # more than socket buffers hold, both ways
+        publisher.publish(topic, data).result(timeout=60)
+        publisher.publish(topic, b"small").result(timeout=60)
+        pulled = []
+        while len(pulled) < 2:
+            response = subscriber.pull(subscription=subscription, max_messages=2, timeout=60)
+            pulled += response.received_messages
+        assert sorted(len(received.message.data) for received in pulled) == [5, len(data)]
+        assert data in [received.message.data for received in pulled]
+        publisher.stop()

@@ -99,7 +99,7 @@ _FAULT_HELP = (
     default=True,
     show_default=True,
     help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does "
-    "(not with --tls-cert: TLS serves gRPC only).",
+    "(with --tls-cert too: the protocols a client offers in its TLS handshake tell the two apart).",
 )
 def serve(
     host: str,

@@ -19,6 +19,16 @@ process cannot be started (or dies), or with ``HEDGEPUB_RELAY=loop`` in the envi
 event loop relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
 rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
 are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether.
+
+On a TLS port the first bytes are encrypted, but a TLS client's first message, its ClientHello, is not,
+and it names the application protocols the client can speak (ALPN). The front peeks at the whole
+ClientHello (:mod:`hedgepub.server._client_hello`) and decides by the rule of
+:func:`~hedgepub.server._client_hello.wants_grpc`: ``h2`` (or ``grpc-exp``) offered without
+``http/1.1`` is a gRPC client, whose encrypted bytes are relayed unchanged, as above, to a gRPC face
+that holds the server's certificate and ends TLS itself; anything else (``http/1.1`` offered, or no
+ALPN) is HTTP/1.1, whose TLS the front ends in Python before aiohttp serves it. A connection whose
+first bytes cannot begin a TLS handshake is closed, after a ``400`` answer when they look like a
+plain-text HTTP request.
 """
 
 from __future__ import annotations
@@ -30,12 +40,21 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from hedgepub.server._client_hello import (
+    MAX_PEEK_BYTES,
+    NotClientHello,
+    looks_like_tls,
+    read_client_hello,
+    wants_grpc,
+)
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -46,12 +65,20 @@ _SNIFF_BYTES = 3
 #: Largest chunk relayed at once. Not more: glibc serves allocations from 128 KiB up with mmap, and a
 #: recv() of 256 KiB measured three times the cost of one of 64 KiB for the same 12 KB request.
 RELAY_CHUNK = 64 * 1024
-#: How long a connection may take to send its first bytes before it is closed.
+#: How long a connection may take to send its first bytes (its whole ClientHello, on a TLS port) before it
+#: is closed; on a TLS port, its REST connections get as long again to finish the handshake.
 SNIFF_TIMEOUT_SECONDS = 30.0
+#: What a plain-text HTTP request to a TLS port is answered with before the connection is closed.
+PLAIN_TEXT_ON_TLS_ANSWER = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+    b"This port speaks TLS: use https://.\n"
+)
 #: Listen backlog of the public socket.
 BACKLOG = 128
 
 _RETRY = (BlockingIOError, InterruptedError)
+#: Where a new connection goes: relayed to the gRPC face, served as HTTP/1.1, or closed.
+_Way = Literal["grpc", "http", "refuse"]
 #: ``HEDGEPUB_RELAY=loop`` relays gRPC on the server's event loop even where the relay process would run.
 RELAY_ENVIRONMENT = "HEDGEPUB_RELAY"
 
@@ -200,10 +227,14 @@ class _RelayProcess:
 class OnePortFront:
     """The public listener: gRPC connections relayed to the gRPC face, HTTP/1.1 ones served here.
 
-    :meth:`bind` takes the port, :meth:`serve` starts accepting once the gRPC face is up.
+    :meth:`bind` takes the port, :meth:`serve` starts accepting once the gRPC face is up. With ``tls``
+    (the server's certificate and key, ALPN ``http/1.1``) the port speaks TLS: gRPC connections are
+    relayed still encrypted, to a gRPC face that ends TLS itself, and HTTP/1.1 ones are served over
+    ``tls``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self._listeners: list[socket.socket] = []
         self._grpc_family = socket.AF_INET
         self._grpc_address: Any = None
@@ -284,7 +315,7 @@ class OnePortFront:
     def _sniff(self, connection: socket.socket) -> None:
         assert self._loop is not None
         try:
-            head = connection.recv(_SNIFF_BYTES, socket.MSG_PEEK)
+            head = connection.recv(MAX_PEEK_BYTES if self._tls else _SNIFF_BYTES, socket.MSG_PEEK)
         except _RETRY:
             return
         except OSError:
@@ -292,17 +323,42 @@ class OnePortFront:
         if not head:  # closed before it said anything
             self._forget(connection)
             return
-        if len(head) < _SNIFF_BYTES and HTTP2_PREFACE.startswith(head):
+        way = self._tell_tls(head) if self._tls is not None else self._tell_plain(head)
+        if way is None:
+            if self._tls is not None and len(head) >= MAX_PEEK_BYTES:
+                self._forget(connection)  # a ClientHello in records too small to fit what is peeked
+                return
             # Too few bytes yet to tell, and peeking left them unread: look again shortly rather than spin.
             self._loop.remove_reader(connection.fileno())
             self._loop.call_later(0.005, self._resniff, connection)
             return
         self._loop.remove_reader(connection.fileno())
         self._sniffing.pop(connection).cancel()
-        if head == HTTP2_PREFACE[:_SNIFF_BYTES]:
+        if way == "grpc":
             self._spawn(self._relay_to_grpc(connection))
-        else:
+        elif way == "http":
             self._spawn(self._serve_http(connection))
+        else:
+            _refuse_plain_text(connection, head)
+
+    @staticmethod
+    def _tell_plain(head: bytes) -> _Way | None:
+        """Where a plain-text connection goes by its first bytes (None: not known yet)."""
+        if len(head) < _SNIFF_BYTES and HTTP2_PREFACE.startswith(head):
+            return None
+        return "grpc" if head == HTTP2_PREFACE[:_SNIFF_BYTES] else "http"
+
+    @staticmethod
+    def _tell_tls(head: bytes) -> _Way | None:
+        """Where a connection to a TLS port goes by its ClientHello (None: not all of it is in yet)."""
+        try:
+            hello = read_client_hello(head)
+        except NotClientHello as error:
+            logger.debug("closing a connection to the TLS port: %s", error)
+            return "refuse"
+        if hello is None:
+            return None
+        return "grpc" if wants_grpc(hello) else "http"
 
     def _resniff(self, connection: socket.socket) -> None:
         if connection in self._sniffing and self._loop is not None:
@@ -359,8 +415,18 @@ class OnePortFront:
     async def _serve_http(self, connection: socket.socket) -> None:
         assert self._loop is not None and self._http_protocol_factory is not None
         try:
-            await self._loop.connect_accepted_socket(self._http_protocol_factory, connection)
-        except OSError:
+            if self._tls is None:
+                await self._loop.connect_accepted_socket(self._http_protocol_factory, connection)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._http_protocol_factory,
+                    connection,
+                    ssl=self._tls,
+                    ssl_handshake_timeout=SNIFF_TIMEOUT_SECONDS,
+                )
+        except OSError as error:  # ssl.SSLError too: a failed handshake is the client's to report
+            if self._tls is not None:
+                logger.debug("TLS handshake of a REST connection failed: %s", error)
             connection.close()
 
     def _close_listeners(self) -> None:
@@ -387,6 +453,19 @@ class OnePortFront:
         relay_process, self._relay_process = self._relay_process, None
         if relay_process is not None:
             await relay_process.stop()
+
+
+def _refuse_plain_text(connection: socket.socket, head: bytes) -> None:
+    """Close a connection to a TLS port that did not open with a TLS handshake; first answer ``400`` if it
+    looks like a plain-text HTTP request (Go's servers do the same), so that its client learns why."""
+    with contextlib.suppress(OSError):
+        # Read what was peeked: closing a socket with unread bytes resets it, and the reset could overtake
+        # the answer.
+        connection.recv(len(head))
+        if head[:1].isalpha() and not looks_like_tls(head):
+            connection.send(PLAIN_TEXT_ON_TLS_ANSWER)
+        connection.shutdown(socket.SHUT_WR)
+    connection.close()
 
 
 def _is_windows() -> bool:

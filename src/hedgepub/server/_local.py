@@ -12,6 +12,7 @@ import secrets
 import shutil
 import socket
 import sqlite3
+import ssl
 import sys
 import tempfile
 import threading
@@ -92,6 +93,17 @@ def open_store(
         raise DataDirError(f"database file {database_path(data_dir)} cannot be opened: {error}") from None
 
 
+def _add_port(server: grpc.aio.Server, where: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Have ``server`` listen on ``where`` (TLS with ``credentials``); the port bound. RuntimeError if not."""
+    if credentials is not None:
+        port = server.add_secure_port(where, credentials)
+    else:
+        port = server.add_insecure_port(where)
+    if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
+        raise RuntimeError(f"Failed to bind to address {where}")
+    return port
+
+
 def _cannot_listen(where: str) -> OSError:
     return OSError(f"cannot listen on {where} (in use, or not an address of this machine)")
 
@@ -103,7 +115,7 @@ class AsyncLocalServer:
     (:class:`LocalServer` adds the temporary-directory default). The options' ``faults`` is the
     server's :attr:`faults` (a new, empty :class:`~hedgepub.server.FaultInjector` when not given); with
     ``dedup_hedges`` its :attr:`hedge_dedup` window stores each hedged batch once; :attr:`rest` says
-    whether REST is served (not under TLS, nor on Windows).
+    whether REST is served (not on Windows).
     """
 
     def __init__(self, options: ServerOptions | None = None) -> None:
@@ -116,9 +128,8 @@ class AsyncLocalServer:
         #: sets before starting.
         self.data_dir = options.data_dir
         self.faults = options.faults if options.faults is not None else FaultInjector()
-        # The front reads plain text, and works on the loop's reader callbacks, which Windows' default
-        # (proactor) loop lacks: REST is served without TLS, and not on Windows.
-        self.rest = options.rest and options.tls_cert is None and sys.platform != "win32"
+        # The front works on the loop's reader callbacks, which Windows' default (proactor) loop lacks.
+        self.rest = options.rest and sys.platform != "win32"
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
         self.hedge_dedup: HedgeBatchWindow | None = (
             HedgeBatchWindow(clock=options.clock) if options.dedup_hedges else None
@@ -145,7 +156,9 @@ class AsyncLocalServer:
     def push_certs_url(self) -> str | None:
         """Where the keys that verify push requests' OIDC tokens are served (``{kid: PEM certificate}``;
         ``/oauth2/v3/certs`` beside it is the JSON Web Key Set); ``None`` without the REST face."""
-        return f"http://{self.address}{CERTS_PATH}" if self.rest else None
+        if not self.rest:
+            return None
+        return f"{'https' if self.tls else 'http'}://{self.address}{CERTS_PATH}"
 
     def _server_credentials(self) -> grpc.ServerCredentials:
         tls_cert, tls_key = self.options.tls_cert, self.options.tls_key
@@ -161,6 +174,22 @@ class AsyncLocalServer:
                 raise ValueError(f"{what} ({os.fspath(path)}) holds no PEM {marker.decode()}")
         return grpc.ssl_server_credentials([(key, chain)])
 
+    def _rest_tls_context(self) -> ssl.SSLContext:
+        """The TLS context REST connections are served with: the server's certificate and key, ALPN
+        ``http/1.1`` (the one protocol aiohttp serves)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.set_alpn_protocols(["http/1.1"])
+
+        def no_password() -> bytes:
+            # Without this, OpenSSL would ask for the password of an encrypted key on the terminal.
+            raise ValueError("tls_key is encrypted: give an unencrypted PEM private key")
+
+        try:
+            context.load_cert_chain(self.options.tls_cert or "", self.options.tls_key, password=no_password)
+        except ssl.SSLError as error:
+            raise ValueError(f"tls_cert and tls_key are not a usable certificate and key: {error}") from None
+        return context
+
     async def start(self) -> None:
         """Lock and check the data directory, open the store, load what it holds, and start serving.
 
@@ -171,7 +200,7 @@ class AsyncLocalServer:
         front = None
         if self.rest:
             # The public port first: when it is taken, nothing else has been opened yet.
-            front = OnePortFront()
+            front = OnePortFront(self._rest_tls_context() if self.tls else None)
             try:
                 await front.bind(self.host, self.options.port)
             except OSError as error:
@@ -219,13 +248,15 @@ class AsyncLocalServer:
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()
         where = f"{self.host}:{self.options.port}" if front is None else private.grpc_address
+        # Under TLS the relayed connections are still encrypted, so the private face speaks TLS too; the
+        # REST gateway, which runs in this process, calls another private face in plain text (nothing
+        # crosses a network there; it sees what a TLS client may see), with no certificate to verify.
+        plain: _PrivateAddress | None = None
         try:
-            if credentials is not None:
-                port = server.add_secure_port(where, credentials)
-            else:
-                port = server.add_insecure_port(where)
-            if port == 0:  # how older grpc releases said it; newer ones raise RuntimeError
-                raise RuntimeError(f"Failed to bind to address {where}")
+            port = _add_port(server, where, credentials)
+            if front is not None and credentials is not None:
+                plain = _PrivateAddress.choose()
+                plain = plain.bound(_add_port(server, plain.grpc_address, None))
         except RuntimeError as error:
             # The one place grpc's report becomes the OSError callers expect of a socket that cannot listen.
             await core.close()
@@ -233,7 +264,7 @@ class AsyncLocalServer:
         await server.start()
         if front is not None:
             private = private.bound(port)
-            gateway = RestGateway(private.grpc_address, GRPC_OPTIONS)
+            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS)
             http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http
@@ -319,8 +350,8 @@ class LocalServer:
     goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
     temporary directory that is removed when it stops. The arguments are those of
     :class:`~hedgepub.server.ServerOptions`, where each is described: ``iam=IamConfig(...)`` enforces IAM;
-    ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC only); ``rest=False`` turns the REST
-    face off. Unlike there, messages published while a topic has no subscription are kept, so that
+    ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC and REST); ``rest=False`` turns the
+    REST face off. Unlike there, messages published while a topic has no subscription are kept, so that
     :meth:`messages` shows them; ``keep_unsubscribed=False`` drops them, as the real service does (for
     long runs, where they would only fill memory or disk).
     """

@@ -52,9 +52,9 @@ class ServerOptions:
     tls_cert: str | os.PathLike[str] | None = None
     #: The PEM private key file of ``tls_cert``.
     tls_key: str | os.PathLike[str] | None = None
-    #: Serve REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's emulator does; ``False`` serves
-    #: gRPC alone, and so does a TLS server (the front that tells the two apart reads plain text) and a
-    #: server on Windows.
+    #: Serve REST/JSON (HTTP/1.1) on the same port as gRPC, as Google's emulator does (over TLS too, told
+    #: apart by the protocols the client offers in its TLS handshake); ``False`` serves gRPC alone, and so
+    #: does a server on Windows.
     rest: bool = True
 
     def __post_init__(self) -> None:
