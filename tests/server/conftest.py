@@ -87,6 +87,12 @@ class RawClient:
     def close(self) -> None:
         self.channel.close()
 
+    def __enter__(self) -> RawClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def aio_stub(channel: grpc.aio.Channel, method: str) -> Any:
     """An asyncio stub of ``method`` (short name, as :meth:`RawClient.call` takes) on ``channel``."""

@@ -28,7 +28,7 @@ from hedgepub.bench import AdminClient
 from hedgepub.server import DataDirError, LocalServer
 from hedgepub.server._datadir import DATABASE_FILE, DISK_FULL_MESSAGE
 
-from .._cli import CLI
+from .._cli import CLI, served_address
 from .._pb import PublishRequest, PublishResponse, PubsubMessage
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="flock, chattr and mounts are POSIX")
@@ -83,12 +83,10 @@ def test_a_second_serve_exits_1_naming_the_process_and_a_killed_one_leaves_no_lo
         [*CLI, "serve", "--port", "0", "--data-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        text=True,
         start_new_session=True,
     )
     try:
-        assert first.stdout is not None
-        assert first.stdout.readline().startswith("export PUBSUB_EMULATOR_HOST=")
+        served_address(first, timeout=15)
         line = _one_line_error(_serve(tmp_path))
         assert line == f"Error: data directory {tmp_path} is in use by process {first.pid}"
     finally:

@@ -28,6 +28,7 @@ from .._pb import (
     Topic,
     UpdateSubscriptionRequest,
 )
+from .conftest import RawClient
 
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/payments"
@@ -175,20 +176,11 @@ def test_the_official_client_acks_with_response(
         assert first.exactly_once_enabled
         # Someone else ends the lease (a nack on the same ack ID): the message is delivered again under
         # a new ack ID, and the first ack ID is no longer valid.
-        raw = grpc.insecure_channel(server.address)
-        try:
-            raw.unary_unary(
-                "/google.pubsub.v1.Subscriber/ModifyAckDeadline",
-                request_serializer=ModifyAckDeadlineRequest.SerializeToString,
-                response_deserializer=lambda data: data,
-            )(
-                ModifyAckDeadlineRequest(
-                    subscription=SUBSCRIPTION, ack_ids=[first.ack_id], ack_deadline_seconds=0
-                ),
-                timeout=10,
+        with RawClient(server.address) as raw:
+            nack = ModifyAckDeadlineRequest(
+                subscription=SUBSCRIPTION, ack_ids=[first.ack_id], ack_deadline_seconds=0
             )
-        finally:
-            raw.close()
+            raw.call("ModifyAckDeadline", nack)
         second = deliveries.get(timeout=10)
         assert second.message_id == first.message_id
         assert second.ack_id != first.ack_id

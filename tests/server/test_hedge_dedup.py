@@ -13,7 +13,8 @@ from hedgepub import BatchSettings, HedgingSettings, PublisherClient
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
 
-from .._pb import PublishRequest, PublishResponse, PubsubMessage
+from .._pb import PublishRequest, PubsubMessage
+from .conftest import aio_stub
 
 TOPIC = "projects/dedup/topics/orders"
 
@@ -66,11 +67,7 @@ def test_hedged_copies_are_stored_once_with_dedup_hedges_and_twice_without() -> 
 async def _publish(address: str, batch_id: str | None, *data: bytes) -> list[str]:
     metadata = () if batch_id is None else (("hedgepub-batch-id", batch_id), ("hedgepub-attempt", "1"))
     async with grpc.aio.insecure_channel(address) as channel:
-        publish = channel.unary_unary(
-            "/google.pubsub.v1.Publisher/Publish",
-            request_serializer=lambda message: message.SerializeToString(),
-            response_deserializer=PublishResponse.FromString,
-        )
+        publish = aio_stub(channel, "Publish")
         request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=item) for item in data])
         return list((await publish(request, timeout=5, metadata=metadata)).message_ids)
 

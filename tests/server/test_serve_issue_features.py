@@ -9,7 +9,6 @@ import os
 import queue
 from typing import Any
 
-import grpc
 import pytest
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as subscriber_exceptions
@@ -17,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from .._pb import ModifyAckDeadlineRequest
+from .conftest import RawClient
 
 PROJECT = "projects/serve-test"
 TOPIC = f"{PROJECT}/topics/events"
@@ -63,15 +63,10 @@ def test_tracing_filters_exactly_once_and_replay_through_serve(hedgepub_serve: A
         held = [once.get(timeout=10), once.get(timeout=10)]
         # End one lease from outside: its message comes back under a new ack ID; the old one is invalid.
         nacked = held[0]
-        with grpc.insecure_channel(os.environ["PUBSUB_EMULATOR_HOST"]) as channel:
-            modack = channel.unary_unary(
-                "/google.pubsub.v1.Subscriber/ModifyAckDeadline",
-                request_serializer=ModifyAckDeadlineRequest.SerializeToString,
-                response_deserializer=lambda data: data,
-            )
-            modack(
+        with RawClient(os.environ["PUBSUB_EMULATOR_HOST"]) as raw:
+            raw.call(
+                "ModifyAckDeadline",
                 ModifyAckDeadlineRequest(subscription=ONCE, ack_ids=[nacked.ack_id], ack_deadline_seconds=0),
-                timeout=10,
             )
         again = once.get(timeout=10)
         assert again.message_id == nacked.message_id
