@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 from google.cloud import pubsub_v1
 
-from hedgepub.server import AsyncLocalServer, FaultInjector, LocalServer, ServerOptions
+from hedgepub.server import AsyncLocalServer, FaultInjector, LocalServer, ServerOptions, serve
 
 
 def test_temporary_data_dir_is_removed_on_exit() -> None:
@@ -83,3 +85,29 @@ def test_tls_needs_both_files_whoever_builds_the_options() -> None:
         ServerOptions(tls_cert="cert.pem")
     with pytest.raises(ValueError, match="TLS needs both"):
         LocalServer(in_memory=True, tls_key="key.pem")
+
+
+async def test_the_async_server_and_serve_also_take_the_options_as_keywords() -> None:
+    async with AsyncLocalServer(in_memory=True, port=0, rest=False) as server:
+        assert server.options == ServerOptions(in_memory=True, port=0, rest=False)
+        assert server.rest is False
+    # Keywords override the fields of options given too.
+    base = ServerOptions(in_memory=True, port=0)
+    assert AsyncLocalServer(base, rest=False).options == dataclasses.replace(base, rest=False)
+    with pytest.raises(TypeError, match=r"unknown server option\(s\): colour"):
+        AsyncLocalServer(in_memory=True, colour="blue")
+    # serve() too: it runs until stopped, having started with what the keywords said.
+    started: list[AsyncLocalServer] = []
+    stop = asyncio.Event()
+    running = asyncio.ensure_future(
+        serve(
+            in_memory=True,
+            port=0,
+            stop=stop,
+            grace=0,
+            on_started=lambda server: (started.append(server), stop.set()),
+        )
+    )
+    await asyncio.wait_for(running, timeout=30)
+    [server] = started
+    assert server.options.in_memory and server.options.port == 0

@@ -32,7 +32,7 @@ from hedgepub.server._front import OnePortFront
 from hedgepub.server._hedge_dedup import HedgeBatchWindow
 from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._oidc import CERTS_PATH, PushTokenSigner
-from hedgepub.server._options import ServerOptions
+from hedgepub.server._options import ServerOptions, with_settings
 from hedgepub.server._rest import RestGateway, http_protocol_factory
 from hedgepub.server._services import PubSubServicer, generic_handlers
 from hedgepub.server._store import MemoryStore, Store, StoredMessage
@@ -111,16 +111,17 @@ def _cannot_listen(where: str) -> OSError:
 class AsyncLocalServer:
     """The Pub/Sub server on the running event loop, set up by its :class:`ServerOptions`.
 
-    ``AsyncLocalServer(ServerOptions(in_memory=True))``; ``data_dir`` or ``in_memory=True`` is required
+    ``AsyncLocalServer(ServerOptions(in_memory=True))``, or the same options as keywords
+    (``AsyncLocalServer(in_memory=True)``; with ``options`` too, they override its fields); ``data_dir`` or
+    ``in_memory=True`` is required
     (:class:`LocalServer` adds the temporary-directory default). The options' ``faults`` is the
     server's :attr:`faults` (a new, empty :class:`~hedgepub.server.FaultInjector` when not given); with
     ``dedup_hedges`` its :attr:`hedge_dedup` window stores each hedged batch once; :attr:`rest` says
     whether REST is served (not on Windows).
     """
 
-    def __init__(self, options: ServerOptions | None = None) -> None:
-        if options is None:
-            options = ServerOptions()
+    def __init__(self, options: ServerOptions | None = None, **settings: Any) -> None:
+        options = with_settings(options, settings)
         #: What the server was set up with.
         self.options = options
         self.host = options.host
@@ -319,18 +320,20 @@ class AsyncLocalServer:
 
 
 async def serve(
-    options: ServerOptions,
+    options: ServerOptions | None = None,
     *,
     on_started: Callable[[AsyncLocalServer], object] | None = None,
     stop: asyncio.Event | None = None,
     grace: float = 1.0,
+    **settings: Any,
 ) -> None:
-    """Run the server set up by ``options`` until ``stop`` is set or the task is cancelled, then shut it
-    down cleanly.
+    """Run the server set up by ``options`` (or by :class:`ServerOptions`' fields given as keywords, which
+    override those of ``options``) until ``stop`` is set or the task is cancelled, then shut it down
+    cleanly.
 
     ``on_started(server)`` runs once the port is open (to print ``PUBSUB_EMULATOR_HOST=...``).
     """
-    server = AsyncLocalServer(options)
+    server = AsyncLocalServer(options, **settings)
     await server.start()
     try:
         if on_started is not None:

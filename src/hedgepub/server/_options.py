@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._delivery import DEFAULT_WINDOW
@@ -66,3 +67,13 @@ class ServerOptions:
             raise ValueError("give iam= (IAM enforcement) or authorizer= (a custom one), not both")
         if self.iam is not None and not isinstance(self.iam, IamConfig):
             raise TypeError(f"iam must be an IamConfig or None; got {type(self.iam).__name__}")
+
+
+def with_settings(options: ServerOptions | None, settings: dict[str, Any]) -> ServerOptions:
+    """``options`` (default: :class:`ServerOptions`' defaults) with the fields named in ``settings``
+    replaced: how :class:`AsyncLocalServer` and ``serve()`` also take the options as keywords. An unknown
+    name is a TypeError naming it."""
+    unknown = sorted(set(settings) - {field.name for field in dataclasses.fields(ServerOptions)})
+    if unknown:
+        raise TypeError(f"unknown server option(s): {', '.join(unknown)}")
+    return dataclasses.replace(options or ServerOptions(), **settings)
