@@ -34,6 +34,8 @@ import google.oauth2.credentials
 import grpc
 import pytest
 from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
@@ -280,6 +282,34 @@ def test_hedgepub_serve_with_tls_cert_and_key(certificates: Certificates) -> Non
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
+
+
+@pytest.mark.parametrize("rest", [True, False])
+def test_a_key_that_is_not_the_certificates_or_is_encrypted_is_refused_clearly(
+    certificates: Certificates, tmp_path: Path, rest: bool
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    other = tmp_path / "other.key"
+    other.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        serialization.load_pem_private_key(certificates.key.read_bytes(), None).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"secret"),
+        )
+    )
+    for key_file, message in (
+        (other, "tls_cert and tls_key are not a usable certificate and key: .*KEY_VALUES_MISMATCH"),
+        (encrypted, "tls_key is encrypted: give an unencrypted PEM private key"),
+    ):
+        server = LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=key_file, rest=rest)
+        with pytest.raises(ValueError, match=message):
+            server.start()
 
 
 def test_hedgepub_serve_needs_both_tls_files(certificates: Certificates) -> None:

@@ -175,9 +175,10 @@ class AsyncLocalServer:
                 raise ValueError(f"{what} ({os.fspath(path)}) holds no PEM {marker.decode()}")
         return grpc.ssl_server_credentials([(key, chain)])
 
-    def _rest_tls_context(self) -> ssl.SSLContext:
+    def _tls_context(self) -> ssl.SSLContext:
         """The TLS context REST connections are served with: the server's certificate and key, ALPN
-        ``http/1.1`` (the one protocol aiohttp serves)."""
+        ``http/1.1`` (the one protocol aiohttp serves). Made with REST off too: it checks that the key
+        is the certificate's and is not encrypted, which grpc would only report as a port it cannot bind."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.set_alpn_protocols(["http/1.1"])
 
@@ -198,10 +199,11 @@ class AsyncLocalServer:
         opened or fails SQLite's quick check raises :class:`~hedgepub.server.DataDirError` (one line).
         """
         credentials = self._server_credentials() if self.tls else None  # bad files fail before any work
+        tls_context = self._tls_context() if self.tls else None
         front = None
         if self.rest:
             # The public port first: when it is taken, nothing else has been opened yet.
-            front = OnePortFront(self._rest_tls_context() if self.tls else None)
+            front = OnePortFront(tls_context)
             try:
                 await front.bind(self.host, self.options.port)
             except OSError as error:
