@@ -456,3 +456,31 @@ def test_grpc_and_large_messages_cross_the_tls_relay(
         assert sorted(len(received.message.data) for received in pulled) == [5, len(data)]
         assert data in [received.message.data for received in pulled]
         publisher.stop()
+
+
+def test_the_request_log_names_the_client_over_tls_for_grpc_and_rest(
+    tls_server: LocalServer,
+    certificates: Certificates,
+    caplog: pytest.LogCaptureFixture,
+    wait_for: Callable[..., bool],
+) -> None:
+    def logged() -> list[str]:
+        return [record.getMessage() for record in caplog.records if record.name == "hedgepub.server.requests"]
+
+    credentials = grpc.ssl_channel_credentials(root_certificates=certificates.ca.read_bytes())
+    context = ssl.create_default_context(cafile=str(certificates.ca))
+    https = http.client.HTTPSConnection(tls_server.host, tls_server.port, context=context, timeout=10)
+    with caplog.at_level(logging.DEBUG, logger="hedgepub.server.requests"):
+        with grpc.secure_channel(tls_server.address, credentials) as channel:
+            publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+            publisher.create_topic(name=f"{PROJECT}/topics/logged")
+            publisher.stop()
+        https.request("GET", f"/v1/{PROJECT}/topics/logged")
+        assert https.getresponse().status == 200
+        https.close()
+        # Logged when the handler ends, on the server's thread: maybe just after the client's answer.
+        wait_for(lambda: len(logged()) == 2)
+    # The clients' own addresses, not the front's connection to the gRPC face nor the REST gateway's.
+    grpc_line, rest_line = logged()
+    assert re.fullmatch(r"CreateTopic OK [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+\)", grpc_line)
+    assert re.fullmatch(r"GetTopic OK [\d.]+ ms \(peer ipv4:127\.0\.0\.1:\d+ over REST\)", rest_line)
