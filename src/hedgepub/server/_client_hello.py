@@ -35,8 +35,8 @@ MAX_RECORD_BYTES = 2**14
 MAX_CLIENT_HELLO_BYTES = 64 * 1024
 _RECORD_HEADER_BYTES = 5
 _HANDSHAKE_HEADER_BYTES = 4
-#: Most bytes :func:`read_client_hello` can need: the largest ClientHello in records of the least
-#: payload a full record carries, with their headers.
+#: Most bytes the front peeks for a ClientHello: the largest one in full-size records, with their headers.
+#: One cut into smaller records that does not fit in this is refused.
 MAX_PEEK_BYTES = (
     MAX_CLIENT_HELLO_BYTES
     + _HANDSHAKE_HEADER_BYTES

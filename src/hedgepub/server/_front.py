@@ -48,13 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from hedgepub.server._client_hello import (
-    MAX_PEEK_BYTES,
-    NotClientHello,
-    looks_like_tls,
-    read_client_hello,
-    wants_grpc,
-)
+from hedgepub.server._client_hello import MAX_PEEK_BYTES, NotClientHello, read_client_hello, wants_grpc
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -339,7 +333,7 @@ class OnePortFront:
         elif way == "http":
             self._spawn(self._serve_http(connection))
         else:
-            _refuse_plain_text(connection, head)
+            _refuse(connection, head)
 
     @staticmethod
     def _tell_plain(head: bytes) -> _Way | None:
@@ -455,14 +449,14 @@ class OnePortFront:
             await relay_process.stop()
 
 
-def _refuse_plain_text(connection: socket.socket, head: bytes) -> None:
-    """Close a connection to a TLS port that did not open with a TLS handshake; first answer ``400`` if it
+def _refuse(connection: socket.socket, head: bytes) -> None:
+    """Close a connection to a TLS port that did not open with a ClientHello; first answer ``400`` if it
     looks like a plain-text HTTP request (Go's servers do the same), so that its client learns why."""
     with contextlib.suppress(OSError):
         # Read what was peeked: closing a socket with unread bytes resets it, and the reset could overtake
         # the answer.
         connection.recv(len(head))
-        if head[:1].isalpha() and not looks_like_tls(head):
+        if head[:1].isalpha():  # a method (GET, PUT, ...), or HTTP/2's PRI; a TLS record starts with 22
             connection.send(PLAIN_TEXT_ON_TLS_ANSWER)
         connection.shutdown(socket.SHUT_WR)
     connection.close()
