@@ -31,6 +31,7 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import HTTP2_PREFACE, RELAY_ENVIRONMENT
+from hedgepub.server._relay_process import CPU_ENVIRONMENT
 
 from .._pb import PublishRequest, PublishResponse, PullRequest, PullResponse, Topic
 from .._tls import Certificates
@@ -292,6 +293,39 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
                 channel.close()
         # Once the clients have gone, the relay has closed both sockets and the pipes of each connection.
         assert _wait_for(lambda: _descriptors(relay) == idle), _descriptors(relay)
+
+
+@linux_only
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs or more"
+)
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (None, lambda allowed: {max(allowed)}),  # the default: the last CPU it may use
+        ("any", lambda allowed: allowed),  # left to the scheduler
+        ("0", lambda allowed: {0}),
+        ("not-a-cpu", lambda allowed: allowed),  # said on stderr, and relaying goes on unpinned
+    ],
+)
+def test_the_relay_process_keeps_to_one_cpu_unless_told_otherwise(
+    setting: str | None, expected: Callable[[set[int]], set[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
+    if setting is None:
+        monkeypatch.delenv(CPU_ENVIRONMENT, raising=False)
+    else:
+        monkeypatch.setenv(CPU_ENVIRONMENT, setting)
+    allowed = os.sched_getaffinity(0)
+    with LocalServer(in_memory=True) as server:
+        relay = _the_relay_process(os.getpid())
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        publisher = pubsub_v1.PublisherClient()
+        try:  # relayed, whatever the setting
+            assert publisher.create_topic(name=f"{PROJECT}/topics/cpu").name == f"{PROJECT}/topics/cpu"
+        finally:
+            publisher.stop()
+        assert os.sched_getaffinity(relay) == expected(allowed)
 
 
 @linux_only
