@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from google.pubsub_v1.types import pubsub as types
 from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server import LocalServer
+from hedgepub.server._datadir import database_path
 
 from .._pb import (
     AcknowledgeRequest,
@@ -145,3 +147,39 @@ def test_everything_but_acknowledged_messages_survives_a_restart(tmp_path: Path)
             PublishResponse,
         )
         assert more.message_ids[0] not in published.message_ids
+
+
+def test_a_policy_left_behind_by_a_crash_is_not_inherited_by_a_new_resource_of_its_name(
+    tmp_path: Path,
+) -> None:
+    policy = policy_pb2.Policy(
+        bindings=[policy_pb2.Binding(role="roles/pubsub.admin", members=["user:old@example.com"])]
+    )
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        publisher(channel, "CreateTopic", Topic(name=TOPIC), Topic)
+        call(
+            channel,
+            "/google.iam.v1.IAMPolicy/SetIamPolicy",
+            iam_policy_pb2.SetIamPolicyRequest(resource=TOPIC, policy=policy),
+            policy_pb2.Policy,
+        )
+    # A crash between DeleteTopic's two writes: the topic's row is gone, its policy's is not.
+    database = sqlite3.connect(database_path(tmp_path))
+    with database:
+        database.execute("DELETE FROM topics WHERE name = ?", (TOPIC,))
+    database.close()
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        publisher(channel, "CreateTopic", Topic(name=TOPIC), Topic)
+        stored = call(
+            channel,
+            "/google.iam.v1.IAMPolicy/GetIamPolicy",
+            iam_policy_pb2.GetIamPolicyRequest(resource=TOPIC),
+            policy_pb2.Policy,
+        )
+        assert list(stored.bindings) == []
+    # And the left-over row is gone from the file, so no later start finds it either.
+    database = sqlite3.connect(database_path(tmp_path))
+    try:
+        assert database.execute("SELECT name FROM policies").fetchall() == []
+    finally:
+        database.close()

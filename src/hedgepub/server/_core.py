@@ -131,10 +131,17 @@ class PubSubCore:
             if not config.detached and config.topic in self._topics:
                 self._attached.setdefault(config.topic, {})[name] = state
         self.replay.load(snapshot.snapshots, list(self._topics.values()))
+        # A policy is deleted just after its resource: a crash in between leaves it behind, and a resource
+        # later created under that name must not find it.
+        orphans = [resource for resource in self._policies if not self._iam_resource_exists(resource)]
+        for resource in orphans:
+            del self._policies[resource]
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # loaded outside a loop (some tests): push and replay start with the next change
             return
+        for resource in orphans:
+            self._spawn(self._store.delete("policies", resource))
         self.replay.start()
         for name, state in self._subscriptions.items():
             if state.config.enable_exactly_once_delivery and not state.config.detached:
@@ -775,6 +782,13 @@ class PubSubCore:
                 f"Invalid resource name given (name={resource}); IAM policies are kept on topics, "
                 "subscriptions, snapshots and schemas."
             )
+
+    def _iam_resource_exists(self, resource: str) -> bool:
+        try:
+            self.check_iam_resource(resource)
+        except ServiceError:
+            return False
+        return True
 
     def get_policy(self, resource: str) -> Any:
         """GetIamPolicy: the stored policy, or an empty one."""
