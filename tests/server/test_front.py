@@ -13,6 +13,7 @@ import http.client
 import logging
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
@@ -328,13 +329,62 @@ def test_the_relay_process_keeps_to_one_cpu_unless_told_otherwise(
         assert os.sched_getaffinity(relay) == expected(allowed)
 
 
+def _publish_call(channel: grpc.Channel) -> Any:
+    return channel.unary_unary(
+        "/google.pubsub.v1.Publisher/Publish",
+        request_serializer=PublishRequest.SerializeToString,
+        response_deserializer=PublishResponse.FromString,
+    )
+
+
+@linux_only
+def test_the_relay_process_runs_out_of_descriptors_one_connection_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
+    topic = f"{PROJECT}/topics/descriptors"
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    with LocalServer(in_memory=True) as server:
+        relay = _the_relay_process(os.getpid())
+        assert _wait_for(lambda: _descriptors(relay)["anon_inode"] == 1)
+        # It raised its own limit as far as it may (a soft limit is often 1,024, six a connection).
+        soft, hard = resource.prlimit(relay, resource.RLIMIT_NOFILE)
+        assert soft == hard
+        # Now room for two connections, no more.
+        resource.prlimit(relay, resource.RLIMIT_NOFILE, (sum(_descriptors(relay).values()) + 12, hard))
+        first, second, third = (grpc.insecure_channel(server.address, options=own_connection) for _ in "123")
+        try:
+            first.unary_unary("/google.pubsub.v1.Publisher/CreateTopic")(
+                Topic(name=topic).SerializeToString(), timeout=10
+            )
+            request = PublishRequest(topic=topic, messages=[{"data": b"x"}])
+            assert _publish_call(second)(request, timeout=10).message_ids
+            # The third connection finds none left: it alone is closed, and says so.
+            with pytest.raises(grpc.RpcError) as refused:
+                _publish_call(third)(request, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "hedgepub relay: cannot relay a connection" in capfd.readouterr().err
+            # The others go on, and once one has gone, a new one is relayed again.
+            assert _publish_call(first)(request, timeout=10).message_ids
+            second.close()
+            assert _wait_for(lambda: _descriptors(relay)["socket"] <= 3)
+            # (the refused channel waits out its reconnect back-off first)
+            assert _publish_call(third)(request, timeout=30, wait_for_ready=True).message_ids
+        finally:
+            for channel in (first, second, third):
+                channel.close()
+
+
 @linux_only
 def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
     # LocalServer: stopping it ends its relay process.
     with LocalServer(in_memory=True):
         relays = [_the_relay_process(os.getpid())]
     assert _wait_gone(relays) == []
-    # hedgepub serve, SIGKILLed with a connection being relayed: its relay process ends too.
+    # hedgepub serve, SIGKILLed with a connection being relayed: its relay process ends too. Started with a
+    # soft descriptor limit below the hard one, as is common (1,024), which it and its relay raise.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, hard // 2, 1024)
     serve = subprocess.Popen(
         [
             sys.executable,
@@ -347,6 +397,7 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard)),
     )
     try:
         assert serve.stdout is not None
@@ -358,6 +409,8 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
             connection.sendall(HTTP2_PREFACE)
             assert connection.recv(9)  # relayed: the gRPC face answered
             relays = [_the_relay_process(serve.pid)]
+            assert resource.prlimit(serve.pid, resource.RLIMIT_NOFILE) == (hard, hard)
+            assert resource.prlimit(relays[0], resource.RLIMIT_NOFILE) == (hard, hard)
             serve.kill()
             serve.wait()
             assert _wait_gone(relays) == []

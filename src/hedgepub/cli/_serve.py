@@ -128,6 +128,7 @@ def serve(
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
     from hedgepub.server import DataDirError, FaultInjector, ServerOptions
+    from hedgepub.server._relay_process import raise_descriptor_limit
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)
@@ -186,6 +187,9 @@ def serve(
         sys.stdout.flush()
 
     dedup_counts: list[HedgeDedupCounts] = []
+    # A connection holds a descriptor here (and six in the relay process, which raises its own limit):
+    # a soft limit of 1,024, common, would refuse connections long before the hard limit.
+    raise_descriptor_limit()
     try:
         asyncio.run(_run(options, announce, report=dedup_counts.append))
     except KeyboardInterrupt:

@@ -162,19 +162,14 @@ class Relay:
             return True
         client = socket.socket(fileno=descriptors[0])
         target, _, name = data.decode("utf-8", "replace").partition("\0")
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            if name:
-                upstream.bind("\0" + name)
-            upstream.connect("\0" + target)
+            upstream, forward, backward = _reach(client, target, name)
         except OSError as error:
-            print(f"hedgepub relay: cannot reach the gRPC face: {error}", file=sys.stderr, flush=True)
-            upstream.close()
+            # This one connection is closed; the others go on.
+            print(f"hedgepub relay: cannot relay a connection: {error}", file=sys.stderr, flush=True)
             client.close()
             return True
         connection = (client, upstream)
-        forward = _Direction(client.fileno(), upstream.fileno())
-        backward = _Direction(upstream.fileno(), client.fileno())
         for sock, feeds, fed_by in ((client, forward, backward), (upstream, backward, forward)):
             sock.setblocking(False)
             self._sockets[sock.fileno()] = _Socket(connection, feeds, fed_by)
@@ -187,6 +182,23 @@ class Relay:
         for sock in relayed.connection:
             del self._sockets[sock.fileno()]
             sock.close()  # closing a descriptor also takes it out of the epoll set
+
+
+def _reach(client: socket.socket, target: str, name: str) -> tuple[socket.socket, _Direction, _Direction]:
+    """Connect to the gRPC face at the abstract name ``target`` (bound to ``name``) for ``client``: the
+    socket, and the direction each way. OSError, with nothing left open, when the face cannot be reached
+    or descriptors run out (a relayed connection takes six: two sockets, two pipes)."""
+    with contextlib.ExitStack() as undo:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        undo.callback(upstream.close)
+        if name:
+            upstream.bind("\0" + name)
+        upstream.connect("\0" + target)
+        forward = _Direction(client.fileno(), upstream.fileno())
+        undo.callback(forward.close)
+        backward = _Direction(upstream.fileno(), client.fileno())
+        undo.pop_all()
+    return upstream, forward, backward
 
 
 def keep_to_one_cpu(setting: str | None) -> int | None:
@@ -211,11 +223,27 @@ def keep_to_one_cpu(setting: str | None) -> int | None:
     return cpu
 
 
+def raise_descriptor_limit() -> int:
+    """Let this process open as many descriptors as its hard limit allows (each relayed connection takes
+    six: two sockets, two pipes), where the soft limit is often 1,024; return the soft limit now."""
+    try:
+        import resource  # not on every platform; the relay runs on Linux only, but say so plainly
+    except ImportError:
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):  # a limit that cannot be raised is kept
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
 def main(argv: list[str]) -> int:
     """Entry point: ``_relay_process.py CONTROL_FD``."""
     # Ctrl-C on a terminal reaches the whole process group; this process ends when the server closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_to_one_cpu(os.environ.get(CPU_ENVIRONMENT))
+    raise_descriptor_limit()
     Relay(socket.socket(fileno=int(argv[1]))).run()
     return 0
 
