@@ -40,6 +40,8 @@ from .._tls import Certificates
 PROJECT = "projects/front-project"
 
 
+#: Connections relayed at once by the many-connections test; HEDGEPUB_RELAY_CONNECTIONS=500 in the large.
+CONNECTIONS = int(os.environ.get("HEDGEPUB_RELAY_CONNECTIONS", "") or 40)
 #: Both ways the front relays gRPC: by its relay process (Linux) and on the server's event loop.
 RELAYS = ["process", "loop"]
 
@@ -261,7 +263,7 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
         # Each its own connection: channels to one address otherwise share one.
         channels = [
             grpc.insecure_channel(server.address, options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(40)
+            for _ in range(CONNECTIONS)
         ]
         try:
             publishes = [
@@ -287,8 +289,8 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
                 assert all(len(future.result().message_ids) == 1 for future in futures)
             # Relayed by the process, not the loop: both sockets of each connection, a pipe each way.
             busy = _descriptors(relay)
-            assert busy["socket"] - idle["socket"] == 2 * 40
-            assert busy["pipe"] - idle["pipe"] == 4 * 40
+            assert busy["socket"] - idle["socket"] == 2 * CONNECTIONS
+            assert busy["pipe"] - idle["pipe"] == 4 * CONNECTIONS
         finally:
             for channel in channels:
                 channel.close()
