@@ -127,6 +127,43 @@ def test_push_and_pull_switch_both_ways(
         )
 
 
+def test_a_push_subscription_always_shows_its_push_format_version(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    # The reference: x-goog-version defaults to the API's version on create, is left as it was by a
+    # change that omits it, and GetSubscription always returns one for a push subscription.
+    def version() -> str | None:
+        attributes = subscriber.get_subscription(subscription=SUBSCRIPTION).push_config.attributes
+        return dict(attributes).get("x-goog-version")
+
+    endpoint = "http://127.0.0.1:9/push"
+    publisher.create_topic(name=TOPIC)
+    created = subscriber.create_subscription(
+        request={"name": SUBSCRIPTION, "topic": TOPIC, "push_config": {"push_endpoint": endpoint}}
+    )
+    assert dict(created.push_config.attributes) == {"x-goog-version": "v1"} and version() == "v1"
+    # Given, it is kept; then omitted by ModifyPushConfig and by UpdateSubscription, it stays.
+    subscriber.modify_push_config(
+        subscription=SUBSCRIPTION,
+        push_config={"push_endpoint": endpoint, "attributes": {"x-goog-version": "v1beta1"}},
+    )
+    assert version() == "v1beta1"
+    subscriber.modify_push_config(subscription=SUBSCRIPTION, push_config={"push_endpoint": endpoint + "2"})
+    assert version() == "v1beta1"
+    subscriber.update_subscription(
+        request={
+            "subscription": {"name": SUBSCRIPTION, "push_config": {"push_endpoint": endpoint}},
+            "update_mask": {"paths": ["push_config"]},
+        }
+    )
+    assert version() == "v1beta1"
+    # A pull subscription has no push format; made push again, it starts from the default.
+    subscriber.modify_push_config(subscription=SUBSCRIPTION, push_config={})
+    assert version() is None
+    subscriber.modify_push_config(subscription=SUBSCRIPTION, push_config={"push_endpoint": endpoint})
+    assert version() == "v1"
+
+
 def test_a_failing_endpoint_is_backed_off_and_the_message_dead_lettered(
     server: LocalServer,
     publisher: pubsub_v1.PublisherClient,

@@ -409,7 +409,7 @@ class PubSubCore:
         config = resources.masked_update(
             "Subscription", state.config, update, paths, resources.SUBSCRIPTION_UPDATABLE
         )
-        resources.check_subscription_fields(config)
+        resources.check_subscription_fields(config, state.config)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
@@ -422,7 +422,7 @@ class PubSubCore:
         state = self._subscription(name)
         config = resources.copy_with(state.config)
         config.push_config.CopyFrom(push_config)
-        resources.check_subscription_fields(config)
+        resources.check_subscription_fields(config, state.config)
         await self._store.put("subscriptions", name, config)
         state.config = config
         self.push.sync(name)

@@ -70,8 +70,15 @@ def check_topic_fields(topic: Any) -> None:
     limits.check_ingestion_settings(topic)
 
 
-def check_subscription_fields(config: Any) -> None:
-    """Check a subscription to create or update, filling in the defaults the service fills in."""
+#: The attribute of ``push_config.attributes`` that names the push format's version; the service fills it
+#: in on a push subscription (``v1``, the API's), and leaves it as it was when a change omits it.
+PUSH_VERSION_ATTRIBUTE = "x-goog-version"
+DEFAULT_PUSH_VERSION = "v1"
+
+
+def check_subscription_fields(config: Any, previous: Any | None = None) -> None:
+    """Check a subscription to create or update (``previous``: as it is now), filling in the defaults the
+    service fills in."""
     if config.ack_deadline_seconds == 0:
         config.ack_deadline_seconds = limits.DEFAULT_ACK_DEADLINE_SECONDS
     limits.check_ack_deadline(config.ack_deadline_seconds, allow_zero=False)
@@ -86,6 +93,10 @@ def check_subscription_fields(config: Any) -> None:
     limits.check_expiration_policy(config)
     compile_filter(config.filter)  # INVALID_ARGUMENT, saying where, for one that does not parse
     check_push_config(config.push_config)
+    attributes = config.push_config.attributes
+    if config.push_config.push_endpoint and PUSH_VERSION_ATTRIBUTE not in attributes:
+        kept = previous.push_config.attributes.get(PUSH_VERSION_ATTRIBUTE) if previous is not None else None
+        attributes[PUSH_VERSION_ATTRIBUTE] = kept or DEFAULT_PUSH_VERSION
     if config.push_config.push_endpoint and config.enable_exactly_once_delivery:
         # The real service documents that only pull subscriptions support exactly-once delivery.
         raise invalid("Exactly-once delivery is not supported for push subscriptions.")
