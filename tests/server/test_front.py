@@ -249,6 +249,14 @@ def _descriptors(pid: int) -> Counter[str]:
     return kinds
 
 
+def _publish_call(channel: grpc.Channel) -> Any:
+    return channel.unary_unary(
+        "/google.pubsub.v1.Publisher/Publish",
+        request_serializer=PublishRequest.SerializeToString,
+        response_deserializer=PublishResponse.FromString,
+    )
+
+
 @linux_only
 def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_closed(
     monkeypatch: pytest.MonkeyPatch,
@@ -266,14 +274,7 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
             for _ in range(CONNECTIONS)
         ]
         try:
-            publishes = [
-                channel.unary_unary(
-                    "/google.pubsub.v1.Publisher/Publish",
-                    request_serializer=PublishRequest.SerializeToString,
-                    response_deserializer=PublishResponse.FromString,
-                )
-                for channel in channels
-            ]
+            publishes = [_publish_call(channel) for channel in channels]
             channels[0].unary_unary("/google.pubsub.v1.Publisher/CreateTopic")(
                 Topic(name=topic).SerializeToString(), timeout=10
             )
@@ -329,14 +330,6 @@ def test_the_relay_process_keeps_to_one_cpu_unless_told_otherwise(
         finally:
             publisher.stop()
         assert os.sched_getaffinity(relay) == expected(allowed)
-
-
-def _publish_call(channel: grpc.Channel) -> Any:
-    return channel.unary_unary(
-        "/google.pubsub.v1.Publisher/Publish",
-        request_serializer=PublishRequest.SerializeToString,
-        response_deserializer=PublishResponse.FromString,
-    )
 
 
 @linux_only
