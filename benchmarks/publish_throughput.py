@@ -107,7 +107,7 @@ def run_hedgepub(
     if server:
         publisher = PublisherClient(hedging_settings=settings)
     else:
-        from hedgepub._transport import ScriptedTransport
+        from hedgepub.testing.scripted import ScriptedTransport
 
         publisher = PublisherClient(hedging_settings=settings, transport=ScriptedTransport())
 

@@ -92,6 +92,6 @@ def test_the_command_with_vv_shows_them(busy_port: int) -> None:
     ],
 )
 def test_the_command_line_verbosity_is_read_before_the_sub_command(argv: list[str], expected: int) -> None:
-    from hedgepub._grpc_logging import command_line_verbosity
+    from hedgepub._transport.grpc_logging import command_line_verbosity
 
     assert command_line_verbosity(argv) == expected

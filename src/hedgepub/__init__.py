@@ -4,7 +4,9 @@ The whole public API is listed here; everything in a module whose name starts wi
 """
 
 # First, before any module imports grpc: keep gRPC's C-core log lines off the terminal by default.
-from hedgepub import _grpc_logging  # noqa: F401  # isort: split
+from hedgepub._transport import grpc_logging  # noqa: F401
+
+# isort: split
 from hedgepub._exceptions import (
     FlowControlLimitError,
     HedgepubError,
@@ -15,7 +17,8 @@ from hedgepub._exceptions import (
     RpcError,
     ShutdownTimeoutError,
 )
-from hedgepub._publisher import AsyncPublisherClient, PublisherClient
+from hedgepub._publisher.client import AsyncPublisherClient, PublisherClient
+from hedgepub._publisher.stats import EndpointStats, PublisherStats
 from hedgepub._settings import (
     AdaptiveDelay,
     BatchSettings,
@@ -25,7 +28,6 @@ from hedgepub._settings import (
     RetrySettings,
     check_hedging,
 )
-from hedgepub._stats import EndpointStats, PublisherStats
 from hedgepub._status import StatusCode
 from hedgepub._version import __version__ as __version__
 from hedgepub.dedup import Deduplicator, DedupStats

@@ -1,6 +1,6 @@
 """Shared fixtures for the hedging tests.
 
-Tests here run asyncio code on virtual time with ``hedgepub._virtual_time.run_virtual`` (or the
+Tests here run asyncio code on virtual time with ``hedgepub.testing.virtual_time.run_virtual`` (or the
 ``@virtual_time`` decorator), so every rule is checked at exact virtual instants in microseconds of real
 time. Other areas can do the same; see that module's docstring.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hedgepub._bucket import TokenBucket
+from hedgepub._hedging.bucket import TokenBucket
 
 
 def _bucket_with(tokens: float, max_tokens: int = 50, refill_ratio: float = 0.1) -> TokenBucket:

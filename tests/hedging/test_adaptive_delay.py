@@ -13,12 +13,12 @@ from collections.abc import Sequence
 import pytest
 
 from hedgepub import AdaptiveDelay, AsyncPublisherClient, HedgingSettings, RetrySettings
-from hedgepub._bucket import TokenBucket
-from hedgepub._delay import AdaptiveDelayEstimator, _micros
-from hedgepub._engine import HedgingCore, SendAttempt, StartTimer, Timer, TimerKind, run_batch
+from hedgepub._hedging.bucket import TokenBucket
+from hedgepub._hedging.delay import AdaptiveDelayEstimator, _micros
+from hedgepub._hedging.engine import HedgingCore, SendAttempt, StartTimer, Timer, TimerKind, run_batch
 from hedgepub._settings import adaptive_delay_limit
-from hedgepub._transport import ScriptedCall, ScriptedTransport
-from hedgepub._virtual_time import run_virtual, virtual_time
+from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
+from hedgepub.testing.virtual_time import run_virtual, virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hedgepub._bucket import TokenBucket
+from hedgepub._hedging.bucket import TokenBucket
 from hedgepub._settings import HedgingSettings
 
 BucketWith = Callable[..., TokenBucket]

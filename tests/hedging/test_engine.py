@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hedgepub import PublishError, PublishTimeoutError, ResponseMismatchError, RpcError, StatusCode
-from hedgepub._bucket import TokenBucket
-from hedgepub._engine import (
+from hedgepub._hedging.bucket import TokenBucket
+from hedgepub._hedging.engine import (
     BatchOutcome,
     CancelAttempt,
     CancelTimer,
@@ -30,7 +30,7 @@ from hedgepub._engine import (
 )
 from hedgepub._settings import HedgingSettings, RetrySettings
 from hedgepub._status import DEFAULT_RETRYABLE_CODES
-from hedgepub._virtual_time import run_virtual
+from hedgepub.testing.virtual_time import run_virtual
 
 BucketWith = Callable[..., TokenBucket]
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hedgepub._clock import AsyncioClock
-from hedgepub._virtual_time import VirtualTimeLoop, run_virtual, virtual_time
+from hedgepub.testing.virtual_time import VirtualTimeLoop, run_virtual, virtual_time
 
 
 def test_sleeps_jump_to_exact_times_without_waiting() -> None:

@@ -19,7 +19,7 @@ from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server import IamConfig, LocalServer, ServiceError
-from hedgepub.server._iam import IamEnforcer
+from hedgepub.server._iam.iam import IamEnforcer
 
 PROJECT = "projects/iam-project"
 OTHER_PROJECT = "projects/other-project"
@@ -378,7 +378,8 @@ ALLOWED: dict[str, set[str]] = {
 
 
 def test_every_served_method_has_a_permission_mapping() -> None:
-    from hedgepub.server import _iam, _services
+    from hedgepub.server._api import grpc as _services
+    from hedgepub.server._iam import iam as _iam
 
     served = {method for _service, method, *_ in _services._METHODS}
     assert served == set(_iam.RPC_PERMISSIONS) == set(_RESPONSES)

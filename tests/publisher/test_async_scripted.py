@@ -20,8 +20,8 @@ from hedgepub import (
     ShutdownTimeoutError,
     StatusCode,
 )
-from hedgepub._transport import ScriptedTransport
-from hedgepub._virtual_time import virtual_time
+from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.virtual_time import virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
 

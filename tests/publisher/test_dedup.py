@@ -19,11 +19,11 @@ from hedgepub import (
     HedgingSettings,
     PublisherClient,
 )
-from hedgepub._transport import ScriptedTransport
-from hedgepub._virtual_time import run_virtual, virtual_time
 from hedgepub.bench import AdminClient
 from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
 from hedgepub.server import LocalServer
+from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.virtual_time import run_virtual, virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
 

@@ -51,10 +51,10 @@ def test_the_flush_at_exit_is_bounded_and_leaves_no_future_pending(server: Local
         # Registered before hedgepub is imported, so it runs after hedgepub's own exit hook.
         atexit.register(lambda: print(type(futures[0].exception(timeout=0)).__name__))
 
-        import hedgepub._publisher
+        import hedgepub._publisher.client
         from hedgepub import PublisherClient
 
-        hedgepub._publisher.IMPLICIT_SHUTDOWN_TIMEOUT = 0.5
+        hedgepub._publisher.client.IMPLICIT_SHUTDOWN_TIMEOUT = 0.5
         publisher = PublisherClient()
         futures.append(publisher.publish(sys.argv[1], b"never answered"))
         """,

@@ -18,11 +18,11 @@ from hedgepub import (
     RpcError,
     StatusCode,
 )
-from hedgepub._endpoints import EndpointRoutes
-from hedgepub._transport import ScriptedTransport
-from hedgepub._virtual_time import virtual_time
+from hedgepub._publisher.routes import EndpointRoutes
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
+from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.virtual_time import virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
 

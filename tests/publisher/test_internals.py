@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hedgepub import AsyncPublisherClient, PublisherClient, PublishError, ResponseMismatchError
-from hedgepub._batch import request_overhead
-from hedgepub._futures import BatchFuture, resolve_batch
-from hedgepub._transport import PublishRequestPb, PubsubMessagePb, ScriptedCall, ScriptedTransport
+from hedgepub._publisher.batch import request_overhead
+from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._transport.grpc import PublishRequestPb, PubsubMessagePb
+from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
 
 TOPIC = "projects/test-project/topics/topic"
 

@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from hedgepub import AsyncPublisherClient, HedgingSettings, PublisherClient, RpcError
-from hedgepub._transport import ScriptedTransport
-from hedgepub._virtual_time import virtual_time
 from hedgepub.server import LocalServer
+from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.virtual_time import virtual_time
 
 TOPIC = "projects/test-project/topics/orders"
 
@@ -246,7 +246,7 @@ def test_without_the_extra_enabling_says_what_to_install(
 ) -> None:
     # As if opentelemetry-api were not installed: importing it fails.
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
-    monkeypatch.delitem(sys.modules, "hedgepub._otel", raising=False)
+    monkeypatch.delitem(sys.modules, "hedgepub._publisher.telemetry", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'hedgepub\[otel\]'"):
         PublisherClient(enable_open_telemetry=True)
     with PublisherClient() as plain:  # off: never imports it

@@ -7,8 +7,8 @@ import threading
 from collections import Counter
 
 from hedgepub import BatchSettings, PublisherClient
-from hedgepub._futures import BatchFuture, resolve_batch
-from hedgepub._transport import ScriptedTransport
+from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub.testing.scripted import ScriptedTransport
 
 TOPIC = "projects/test-project/topics/topic"
 OTHER = "projects/test-project/topics/other"

@@ -10,21 +10,21 @@ import grpc.aio
 import pytest
 
 from hedgepub import RpcError, StatusCode
-from hedgepub._transport import (
+from hedgepub._transport.grpc import (
     CHANNEL_OPTIONS,
     DEFAULT_ENDPOINT,
     ChannelTarget,
     GrpcTransport,
     PublishRequestPb,
     PubsubMessagePb,
-    ScriptedTransport,
     create_channel,
     map_rpc_error,
     parse_endpoint,
     request_metadata,
     resolve_endpoint,
 )
-from hedgepub._virtual_time import run_virtual
+from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.virtual_time import run_virtual
 
 
 class _FakeGrpcError(grpc.RpcError):

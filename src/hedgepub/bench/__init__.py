@@ -9,7 +9,7 @@
     write_results_json(run.document, "results.json")
 """
 
-from hedgepub.bench._admin_rpc import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
+from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 from hedgepub.bench._experiment import (
     DEFAULT_MIX,
     DEFAULT_STALL,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import hedgepub
 from hedgepub import AdaptiveDelay, BatchSettings, HedgingSettings, RetrySettings
-from hedgepub.bench._admin_rpc import AdminClient
+from hedgepub.admin import AdminClient
 from hedgepub.bench._report import UNHEDGED, LatencyRecorder, PublisherResult, results_document
 from hedgepub.bench._schedule import Arrivals, arrival_times, pair_orders
 

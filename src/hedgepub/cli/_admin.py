@@ -1,7 +1,7 @@
 """The Pub/Sub toolbox: ``topics``, ``subscriptions``, ``publish`` and ``pull`` against an emulator.
 
 Every command talks to the server named by ``--endpoint`` (the publisher's forms and rules, from the one
-parser :func:`hedgepub._transport.parse_endpoint`: ``host:port``, ``http://host:port``,
+parser :func:`hedgepub._transport.grpc.parse_endpoint`: ``host:port``, ``http://host:port``,
 ``https://host[:port]``) or, without it, ``PUBSUB_EMULATOR_HOST`` (``host:port``, plain text), in the
 project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then ``GOOGLE_CLOUD_PROJECT``, then
 ``local-project``). Topics and subscriptions are given as short IDs or as full paths
@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import click
 
 from hedgepub import PublishError, RetrySettings, StatusCode
-from hedgepub._transport import resolve_endpoint
+from hedgepub._transport.grpc import resolve_endpoint
 from hedgepub.bench import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 
 EXIT_OK = 0

@@ -16,7 +16,7 @@ import click
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
-    from hedgepub.server._hedge_dedup import HedgeDedupCounts
+    from hedgepub.server._pubsub.hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
 #: directory, so each project gets its own, and a .gitignore entry keeps it out of version control).
@@ -128,7 +128,7 @@ def serve(
 
     # Imported here: `hedgepub --help` should not pay for gRPC and the protobuf classes.
     from hedgepub.server import DataDirError, FaultInjector, ServerOptions
-    from hedgepub.server._relay_process import raise_descriptor_limit
+    from hedgepub.server._front.relay import raise_descriptor_limit
 
     try:
         injector = FaultInjector.parse(faults, faults_file=faults_file, seed=seed)

@@ -32,16 +32,16 @@ Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator
 :mod:`._rest` answers REST calls through the gRPC face, behind :mod:`._front`, which owns the public port.
 """
 
-from hedgepub.server._core import PubSubCore
-from hedgepub.server._datadir import DataDirError
-from hedgepub.server._fault_delays import LatencyMix, StallWindows
-from hedgepub.server._fault_rules import FaultRule
-from hedgepub.server._faults import FaultInjector
-from hedgepub.server._iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
-from hedgepub.server._limits import ServiceError
+from hedgepub.server._faults.delays import LatencyMix, StallWindows
+from hedgepub.server._faults.injector import FaultInjector
+from hedgepub.server._faults.rules import FaultRule
+from hedgepub.server._iam.iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
 from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
 from hedgepub.server._options import ServerOptions
-from hedgepub.server._store import MemoryStore, Snapshot, Store, StoredMessage
+from hedgepub.server._pubsub.core import PubSubCore
+from hedgepub.server._pubsub.limits import ServiceError
+from hedgepub.server._store.datadir import DataDirError
+from hedgepub.server._store.memory import MemoryStore, Snapshot, Store, StoredMessage
 
 __all__ = [
     "AllowAll",

@@ -24,18 +24,24 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from hedgepub.server._core import PubSubCore
-from hedgepub.server._datadir import DataDirError, DataDirLock, database_path, open_data_dir, push_key_path
-from hedgepub.server._delivery import DEFAULT_WINDOW
-from hedgepub.server._faults import FaultInjector
-from hedgepub.server._front import OnePortFront
-from hedgepub.server._hedge_dedup import HedgeBatchWindow
-from hedgepub.server._iam import Authorizer, IamConfig, IamEnforcer
-from hedgepub.server._oidc import CERTS_PATH, PushTokenSigner
+from hedgepub.server._api.grpc import PubSubServicer, generic_handlers
+from hedgepub.server._api.rest import RestGateway, http_protocol_factory
+from hedgepub.server._faults.injector import FaultInjector
+from hedgepub.server._front.front import OnePortFront
+from hedgepub.server._iam.iam import Authorizer, IamConfig, IamEnforcer
 from hedgepub.server._options import ServerOptions, with_settings
-from hedgepub.server._rest import RestGateway, http_protocol_factory
-from hedgepub.server._services import PubSubServicer, generic_handlers
-from hedgepub.server._store import MemoryStore, Store, StoredMessage
+from hedgepub.server._pubsub.core import PubSubCore
+from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
+from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
+from hedgepub.server._pubsub.oidc import CERTS_PATH, PushTokenSigner
+from hedgepub.server._store.datadir import (
+    DataDirError,
+    DataDirLock,
+    database_path,
+    open_data_dir,
+    push_key_path,
+)
+from hedgepub.server._store.memory import MemoryStore, Store, StoredMessage
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
@@ -85,7 +91,7 @@ def open_store(
         return MemoryStore(keep_unsubscribed=keep_unsubscribed)
     if data_dir is None:
         raise ValueError("data_dir is required unless in_memory=True")
-    from hedgepub.server._sqlite import SqliteStore
+    from hedgepub.server._store.sqlite import SqliteStore
 
     try:
         return SqliteStore(database_path(data_dir), keep_unsubscribed=keep_unsubscribed)

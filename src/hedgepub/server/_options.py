@@ -10,9 +10,9 @@ import os
 from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
-from hedgepub.server._delivery import DEFAULT_WINDOW
-from hedgepub.server._faults import FaultInjector
-from hedgepub.server._iam import Authorizer, IamConfig
+from hedgepub.server._faults.injector import FaultInjector
+from hedgepub.server._iam.iam import Authorizer, IamConfig
+from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,398 @@
+"""The publisher clients: :class:`AsyncPublisherClient` and its synchronous facade :class:`PublisherClient`.
+
+Both build one :class:`~hedgepub._publisher.core._PublisherCore` (batching, ordering keys, flow control
+and hedging; its hot path is described there) from their settings. ``AsyncPublisherClient`` uses it on
+the caller's loop; ``PublisherClient`` runs it on a private event-loop thread
+(:class:`~hedgepub._publisher.loop_thread._LoopThread`) and is safe to call from any thread. A sync client is
+flushed at exit if never shut down, and made safe in a child process after ``os.fork()`` (the hook is
+registered when this module is imported).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from hedgepub._clock import DEFAULT_CLOCK, Clock
+from hedgepub._exceptions import PublishError
+from hedgepub._publisher.core import ClientState, _PublisherCore
+from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
+from hedgepub._publisher.migration import is_official_batch_settings, refuse_official_keywords, translate
+from hedgepub._publisher.stats import PublisherStats
+from hedgepub._settings import BatchSettings, FlowControlSettings, HedgingSettings, RetrySettings
+from hedgepub._transport.grpc import Transport
+
+_LOGGER = logging.getLogger("hedgepub")
+
+#: The longest a :class:`PublisherClient` that was never shut down keeps flushing once the interpreter
+#: exits (or once the client is garbage-collected): its implicit ``shutdown`` gets the smaller of this and
+#: the retry settings' total timeout. Long enough for transient errors to be retried, short enough that a
+#: dead endpoint does not hold a finished program for the default ten-minute total timeout.
+IMPLICIT_SHUTDOWN_TIMEOUT = 30.0
+
+
+def topic_path(project: str, topic: str) -> str:
+    """The full name of ``topic`` in ``project``: ``projects/{project}/topics/{topic}``."""
+    return f"projects/{project}/topics/{topic}"
+
+
+_DEFAULT_BATCH = BatchSettings()
+_DEFAULT_RETRY = RetrySettings()
+_DEFAULT_FLOW = FlowControlSettings()
+#: The official PublisherClient's admin methods, which hedgepub's clients leave to it.
+_OFFICIAL_ADMIN_METHODS = frozenset(
+    {
+        "create_topic",
+        "delete_topic",
+        "detach_subscription",
+        "get_iam_policy",
+        "get_topic",
+        "list_topic_snapshots",
+        "list_topic_subscriptions",
+        "list_topics",
+        "set_iam_policy",
+        "test_iam_permissions",
+        "update_topic",
+    }
+)
+#: What each constructor argument is when not given, so that official arguments can fill it (or clash).
+_FACADE_DEFAULTS: dict[str, Any] = {
+    "hedging_settings": None,
+    "batch_settings": _DEFAULT_BATCH,
+    "retry_settings": _DEFAULT_RETRY,
+    "flow_control": _DEFAULT_FLOW,
+    "enable_message_ordering": False,
+    "endpoint": None,
+    "credentials": None,
+    "enable_open_telemetry": False,
+    "tracer_provider": None,
+}
+
+
+class _ClientFacade:
+    """What both clients share: building the core from the settings, and the calls that need no loop."""
+
+    #: Whether the core hands out ``concurrent.futures`` (sync client) or asyncio futures.
+    _sync_futures: ClassVar[bool]
+
+    def __init__(
+        self,
+        hedging_settings: HedgingSettings | None = None,
+        batch_settings: BatchSettings = _DEFAULT_BATCH,
+        retry_settings: RetrySettings = _DEFAULT_RETRY,
+        flow_control: FlowControlSettings = _DEFAULT_FLOW,
+        enable_message_ordering: bool = False,
+        endpoint: str | None = None,
+        credentials: Any = None,
+        *,
+        hedge_endpoints: Sequence[str] | None = None,
+        idempotency_attribute: bool | str = False,
+        publisher_options: Any = None,
+        client_options: Any = None,
+        root_certificates: bytes | None = None,
+        enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        transport: Transport | None = None,
+        hedge_transports: Sequence[Transport] | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+        **official_keywords: Any,
+    ) -> None:
+        arguments = {
+            "hedging_settings": hedging_settings,
+            "batch_settings": batch_settings,
+            "retry_settings": retry_settings,
+            "flow_control": flow_control,
+            "enable_message_ordering": enable_message_ordering,
+            "endpoint": endpoint,
+            "credentials": credentials,
+            "enable_open_telemetry": enable_open_telemetry,
+            "tracer_provider": tracer_provider,
+        }
+        if official_keywords:
+            refuse_official_keywords(official_keywords)
+        if isinstance(transport, str) or type(transport).__name__ == "PublisherGrpcTransport":
+            raise TypeError(
+                f"transport={transport!r} is the official client's GAPIC transport, which hedgepub does not "
+                "use: "
+                "drop it (hedgepub always speaks gRPC), or pass endpoint= / credentials="
+            )
+        if (
+            publisher_options is not None
+            or client_options is not None
+            or is_official_batch_settings(hedging_settings)
+            or type(batch_settings) is not BatchSettings
+        ):
+            arguments = translate(
+                {**arguments, "_defaults": _FACADE_DEFAULTS}, publisher_options, client_options
+            )
+        #: What the core was built from (a forked child builds a fresh one from it).
+        self._core_arguments = dict(
+            **arguments,
+            transport=transport,
+            clock=clock,
+            sync_futures=self._sync_futures,
+            hedge_endpoints=hedge_endpoints,
+            hedge_transports=hedge_transports,
+            idempotency_attribute=idempotency_attribute,
+            root_certificates=root_certificates,
+            meter_provider=meter_provider,
+        )
+        self._core = _PublisherCore(**self._core_arguments)
+        self._trace_publish()
+        self._start()
+
+    def _trace_publish(self) -> None:
+        """With OpenTelemetry on, make ``publish`` the core's traced one."""
+        telemetry = self._core.telemetry
+        if telemetry is not None:
+            # Traced publishing replaces publish on this instance only: an untraced client runs the
+            # plain method, with not even a check for telemetry on its hot path.
+            plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
+            self.publish = (  # type: ignore[method-assign]
+                telemetry.traced_sync_publish(plain)
+                if self._sync_futures
+                else telemetry.traced_async_publish(plain)
+            )
+
+    def _start(self) -> None:
+        """Run once the core exists (the sync client starts its loop thread here)."""
+
+    topic_path = staticmethod(topic_path)
+
+    @classmethod
+    def from_service_account_file(
+        cls, filename: str, batch_settings: Any = _DEFAULT_BATCH, **kwargs: Any
+    ) -> Any:
+        """A client authenticated as the service account whose JSON key is ``filename`` (the official
+        client's constructor of the same name; ``from_service_account_json`` is the same)."""
+        from google.oauth2 import service_account
+
+        from hedgepub._transport.grpc import SCOPES
+
+        kwargs["credentials"] = service_account.Credentials.from_service_account_file(filename, scopes=SCOPES)
+        return cls(batch_settings=batch_settings, **kwargs)
+
+    from_service_account_json = from_service_account_file
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the client lacks: say where the official client's other methods went.
+        if name in _OFFICIAL_ADMIN_METHODS:
+            raise AttributeError(
+                f"{type(self).__name__} publishes only; {name}() is an admin call of the official client: "
+                f"use google.cloud.pubsub_v1.PublisherClient().{name}(...) for it"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Resume publishing on ``ordering_key`` after a failure paused it."""
+        self._core.resume(topic, ordering_key)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the publisher's counters and batch latency percentiles."""
+        return self._core.stats()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(state={self._core.state.value}, hedging={self._core.hedging!r})"
+
+
+class AsyncPublisherClient(_ClientFacade):
+    """Publish to Pub/Sub from asyncio, with optional hedging of slow publishes.
+
+    ``message_id = await publisher.publish(topic, b"data", **attributes)`` waits for the batch that
+    carries the message; run many publishes concurrently (tasks, ``asyncio.gather``) to batch them.
+    The client binds to the event loop it is first used on. See :class:`PublisherClient` for the
+    arguments.
+    """
+
+    _sync_futures = False
+
+    async def publish(self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> str:
+        """Publish one message and return its message ID once its batch is published.
+
+        Raises:
+            TypeError: ``data`` is not bytes, or an attribute value is not text.
+            ValueError: an ordering key without message ordering, or a message too large for a request.
+            RuntimeError: the publisher has been shut down.
+            FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
+            PublishError: the publish failed (RpcError, PublishTimeoutError, OrderingKeyPausedError, ...).
+        """
+        core = self._core
+        core.bind_running_loop()
+        message, size, framed = core.prepare(topic, data, ordering_key, attributes)
+        if core.flow.enabled:
+            await core.flow.acquire_async(size)
+            future = core.add_admitted(topic, data, ordering_key, message, size, framed)
+        else:
+            future = core.add(topic, data, ordering_key, message, size, framed)
+        return await future  # type: ignore[no-any-return]
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting messages, publish every pending batch and wait for every message.
+
+        With ``timeout`` (seconds), messages still unpublished when it runs out fail with
+        :class:`~hedgepub.ShutdownTimeoutError` and their attempts are cancelled. Calling it again waits
+        for the first call.
+        """
+        core = self._core
+        if core._loop is None:
+            core.bind_running_loop()
+        await core.shutdown(timeout)
+
+    async def __aenter__(self) -> AsyncPublisherClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+
+class PublisherClient(_ClientFacade):
+    """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
+
+    ``publisher.publish(topic, b"data", **attributes)`` returns a :class:`concurrent.futures.Future`
+    whose result is the message ID. The client runs its asyncio core on a private event-loop thread;
+    it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
+    is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
+    :data:`IMPLICIT_SHUTDOWN_TIMEOUT`): when the interpreter exits normally, or in the background once
+    the client is garbage-collected. ``os._exit`` and fatal signals skip that.
+
+    Args:
+        hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.
+        batch_settings: when a batch is sent (count, bytes, latency).
+        retry_settings: retry codes, back-off, per-attempt and total timeouts.
+        flow_control: limits on outstanding messages and what to do at the limit.
+        enable_message_ordering: deliver messages with the same ordering key in order (no hedging).
+        endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport.grpc` for TLS or plain text.
+            Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
+        credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
+        hedge_endpoints: other endpoints of the same service (``"europe-west1-pubsub.googleapis.com"``)
+            that hedges go to, in turn, instead of the primary; originals and retries stay on the
+            primary, and every endpoint shares the credentials and the token bucket. Needs
+            ``hedging_settings``. An unreachable one fails only the hedges sent there. See
+            :mod:`hedgepub._publisher.routes`.
+        idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
+            ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
+            retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
+            A value the caller sets for that attribute is kept. Off by default.
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
+            (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
+        client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
+        root_certificates: PEM certificates to trust for a TLS endpoint instead of the system's (a private
+            CA, or ``hedgepub serve --tls-cert``).
+        enable_open_telemetry: emit OpenTelemetry spans (compatible with the official client's) and metrics
+            through the OpenTelemetry API; see :mod:`hedgepub._publisher.telemetry`. Off by default.
+        tracer_provider, meter_provider: where the spans and metrics go with ``enable_open_telemetry``;
+            default: the global providers.
+
+    ``batch_settings`` also takes the official ``types.BatchSettings``, so that code written for
+    ``google.cloud.pubsub_v1.PublisherClient`` runs unchanged; see :mod:`.migration` for what
+    maps and what is refused.
+    """
+
+    _sync_futures = True
+
+    def _start(self) -> None:
+        retry = self._core.retry
+        self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
+        # client, so the finalizer does not keep the client alive.
+        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
+        _SYNC_CLIENTS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """This process was just forked from the one that made the client (see :data:`FORK_REFUSAL`).
+
+        The loop thread did not survive the fork. If the client never connected (its gRPC channel opens
+        on the first publish), the child gets a fresh core and loop thread and publishes on its own;
+        otherwise the client refuses to publish, at once, with :data:`FORK_REFUSAL`. Either way the
+        futures inherited from the parent fail at once, and nothing waits for the lost thread, neither
+        ``shutdown()`` nor the flush at exit.
+        """
+        self._finalizer.detach()
+        self._runner.abandon()
+        core = self._core
+        error = PublishError(
+            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+            "future, in the child, cannot learn the outcome"
+        )
+        reusable = core.state is ClientState.OPEN and not core.routes.connected
+        core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
+        if reusable:
+            self._core = _PublisherCore(**self._core_arguments)
+            self._trace_publish()  # spans and metrics of the child's own core
+            self._start()
+
+    def publish(
+        self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
+    ) -> concurrent.futures.Future[str]:
+        """Publish one message; the future's result is its message ID.
+
+        Raises at once (the future carries publish failures):
+            TypeError: ``data`` is not bytes, or an attribute value is not text.
+            ValueError: an ordering key without message ordering, or a message too large for a request.
+            RuntimeError: the publisher has been shut down.
+            FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
+        """
+        core = self._core
+        message, size, framed = core.prepare(topic, data, ordering_key, attributes)
+        if core.flow.enabled:
+            core.flow.acquire(size)
+            return core.add_admitted(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
+        return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.
+
+        With ``timeout`` (seconds), messages still unpublished when it runs out fail with
+        :class:`~hedgepub.ShutdownTimeoutError` and their attempts are cancelled. No future is left
+        pending. Safe to call more than once.
+        """
+        if threading.get_ident() == self._core._loop_thread:
+            raise RuntimeError("shutdown() cannot be called from a publish future's callback")
+        try:
+            self._runner.close(timeout)
+        finally:
+            self._finalizer.detach()
+
+    def stop(self) -> None:
+        """:meth:`shutdown` under the official client's name: flush, wait for every message, stop."""
+        self.shutdown()
+
+    def __enter__(self) -> PublisherClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+#: Every sync client alive, for _after_fork_in_child.
+_SYNC_CLIENTS: weakref.WeakSet[PublisherClient] = weakref.WeakSet()
+
+#: Why a forked child may not publish with a client whose gRPC channel was open at the fork.
+FORK_REFUSAL = (
+    "this PublisherClient had connected (published) before os.fork(): gRPC cannot go on in a child "
+    "forked from a process with open channels. Create the client in the child, or create it before the "
+    "fork but publish only after it (gunicorn --preload, multiprocessing and Celery prefork pools work "
+    "that way), or shut it down before forking"
+)
+
+
+def _after_fork_in_child() -> None:
+    """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
+    forget_open_runners()
+    for client in list(_SYNC_CLIENTS):
+        try:
+            client._after_fork_in_child()
+        except Exception:  # one client's trouble must not break the others, nor the fork
+            _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

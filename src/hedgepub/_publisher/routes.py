@@ -1,0 +1,218 @@
+"""Hedges to other endpoints: where each attempt of a batch goes, and what each endpoint did.
+
+The hedging engine decides *when* an attempt is sent and stays a pure decision core; this module decides
+*where*, from the attempt number alone. The original and its retries (attempt 0) always go to the
+primary endpoint. With ``hedge_endpoints`` given, hedge ``k`` goes to ``hedge_endpoints[(k - 1) % n]``:
+the first hedge to the first listed endpoint, the next to the next, round again after the last. Without
+them every hedge goes to the primary, as plain hedging does. Every endpoint shares the publisher's
+credentials, token bucket and the rules of SPEC-hedging.md; a hedge endpoint that cannot be reached
+answers ``UNAVAILABLE`` (or times out), which ends that hedge quietly like any retryable hedge failure
+and never fails the batch while the primary may still answer.
+
+Why a second endpoint helps: slowness that is correlated in time at one place (a front end failing over
+or pausing) holds the hedge as long as the original when both go there; a hedge to another region
+escapes it, as "The Tail at Scale" sends its backup request to another replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+
+from hedgepub._exceptions import RpcError
+from hedgepub._publisher.stats import EndpointStats, latency_histogram, latency_micros, max_ms, percentile_ms
+from hedgepub._status import StatusCode
+from hedgepub._transport.grpc import Transport
+
+_LOGGER = logging.getLogger("hedgepub")
+
+
+class _EndpointRecorder:
+    """The counters of one endpoint; safe to update and read from any thread."""
+
+    __slots__ = ("_histogram", "_lock", "attempts_failed", "attempts_sent", "hedges_sent", "wins")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # In the layout of the publisher's batch latencies.
+        self._histogram = latency_histogram()
+        self.attempts_sent = 0
+        self.hedges_sent = 0
+        self.attempts_failed = 0
+        self.wins = 0
+
+    def sent(self, attempts: int, hedges: int) -> None:
+        with self._lock:
+            self.attempts_sent += attempts
+            self.hedges_sent += hedges
+
+    def answered(self, seconds: float) -> None:
+        micros = latency_micros(seconds)
+        with self._lock:
+            self._histogram.record_value(micros)
+
+    def failed(self) -> None:
+        with self._lock:
+            self.attempts_failed += 1
+
+    def won(self) -> None:
+        with self._lock:
+            self.wins += 1
+
+    def snapshot(self) -> EndpointStats:
+        with self._lock:
+            histogram = self._histogram
+            return EndpointStats(
+                attempts_sent=self.attempts_sent,
+                hedges_sent=self.hedges_sent,
+                attempts_failed=self.attempts_failed,
+                wins=self.wins,
+                p50_ms=percentile_ms(histogram, 50),
+                p90_ms=percentile_ms(histogram, 90),
+                p99_ms=percentile_ms(histogram, 99),
+                max_ms=max_ms(histogram),
+            )
+
+
+def check_hedge_endpoints(hedge_endpoints: object, hedging_on: bool) -> tuple[str, ...]:
+    """Validate the ``hedge_endpoints`` argument; return it as a tuple of strings.
+
+    Raises ``TypeError`` for a lone string or a non-string item, and ``ValueError`` for an empty name,
+    a name listed twice, or hedge endpoints without hedging settings.
+    """
+    if hedge_endpoints is None:
+        return ()
+    if isinstance(hedge_endpoints, (str, bytes)) or not isinstance(hedge_endpoints, Sequence):
+        raise TypeError(
+            "hedge_endpoints must be a list of endpoints such as ['europe-west1-pubsub.googleapis.com'], "
+            f"not {type(hedge_endpoints).__name__} {hedge_endpoints!r}"
+        )
+    endpoints = tuple(hedge_endpoints)
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str):
+            raise TypeError(f"each hedge endpoint must be a str; got {type(endpoint).__name__} {endpoint!r}")
+        if not endpoint.strip():
+            raise ValueError(f"hedge_endpoints holds an empty endpoint: {list(endpoints)!r}")
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError(f"hedge_endpoints lists an endpoint twice: {list(endpoints)!r}")
+    if endpoints and not hedging_on:
+        raise ValueError(
+            f"hedge_endpoints={list(endpoints)!r} needs hedging: pass hedging_settings=HedgingSettings(...)"
+        )
+    return endpoints
+
+
+class EndpointRoutes:
+    """The endpoints of one publisher: the primary first, then the hedge endpoints in the order given.
+
+    Each endpoint's transport is opened on first use (on the publisher's loop, where gRPC channels must
+    be made) by its ``connect`` function, or given ready-made (tests pass scripted transports).
+    """
+
+    def __init__(self, labels: Sequence[str], connect: Sequence[Callable[[], Transport]]) -> None:
+        if not labels or len(labels) != len(connect):
+            raise ValueError("EndpointRoutes needs one connect function per label, the primary first")
+        if len(set(labels)) != len(labels):
+            raise ValueError(
+                f"every endpoint must be a different target (hedges to the primary need no hedge "
+                f"endpoint); got {list(labels)!r}"
+            )
+        self.labels: tuple[str, ...] = tuple(labels)
+        self._connect = tuple(connect)
+        self._transports: list[Transport | None] = [None] * len(labels)
+        self._recorders = tuple(_EndpointRecorder() for _ in labels)
+        self._all_open = False
+
+    @property
+    def hedge_endpoint_count(self) -> int:
+        """How many endpoints besides the primary take hedges."""
+        return len(self.labels) - 1
+
+    def index_for(self, attempt_number: int) -> int:
+        """Which endpoint attempt ``attempt_number`` goes to: 0 (primary) for the original and retries."""
+        others = self.hedge_endpoint_count
+        if attempt_number <= 0 or others == 0:
+            return 0
+        return 1 + (attempt_number - 1) % others
+
+    @property
+    def connected(self) -> bool:
+        """Whether any endpoint's transport has been opened (or handed over) yet."""
+        return any(transport is not None for transport in self._transports)
+
+    def transport(self, index: int) -> Transport:
+        """Endpoint ``index``'s transport, opened on first use.
+
+        A hedge endpoint that cannot be opened raises a retryable ``UNAVAILABLE``
+        :class:`~hedgepub.RpcError`, which ends its hedge quietly, as an unreachable endpoint's would.
+        """
+        transport = self._transports[index]
+        if transport is None:
+            try:
+                transport = self._transports[index] = self._connect[index]()
+            except Exception as error:
+                if index == 0:
+                    raise
+                raise RpcError(
+                    StatusCode.UNAVAILABLE, f"cannot open hedge endpoint {self.labels[index]}: {error}"
+                ) from error
+        return transport
+
+    def open_all(self) -> None:
+        """Open every endpoint's transport now (once), so that no hedge waits for its connection.
+
+        A hedge endpoint that cannot even be opened is left for :meth:`transport` to report on each of
+        its hedges; only the primary's failure propagates.
+        """
+        if self._all_open:
+            return
+        self.transport(0)
+        self._all_open = True
+        for index in range(1, len(self.labels)):
+            try:
+                self.transport(index)
+            except Exception:
+                _LOGGER.warning("hedgepub: cannot open hedge endpoint %s", self.labels[index], exc_info=True)
+
+    def recorder(self, index: int) -> _EndpointRecorder:
+        """Endpoint ``index``'s counters."""
+        return self._recorders[index]
+
+    def record_batch(self, attempts_sent: int, hedges_sent: int, winner_attempt: int | None) -> None:
+        """Count a finished batch's attempts per endpoint, and its winner's endpoint (``None``: none).
+
+        Counted from the engine's totals, which the rotation maps to endpoints exactly (hedges 1 to
+        ``hedges_sent`` were sent), so that the endpoints add up to the publisher's ``attempts_sent``
+        and ``hedges_sent`` even for a hedge cancelled before its task ever reached the transport.
+        """
+        others = self.hedge_endpoint_count
+        if others == 0:
+            self._recorders[0].sent(attempts_sent, hedges_sent)
+        else:
+            self._recorders[0].sent(attempts_sent - hedges_sent, 0)
+            rounds, rest = divmod(hedges_sent, others)
+            for offset in range(others):
+                hedges = rounds + (1 if offset < rest else 0)
+                if hedges:
+                    self._recorders[1 + offset].sent(hedges, hedges)
+        if winner_attempt is not None:
+            self._recorders[self.index_for(winner_attempt)].won()
+
+    def snapshot(self) -> Mapping[str, EndpointStats]:
+        """Every endpoint's stats by label, the primary first."""
+        return MappingProxyType(
+            {label: recorder.snapshot() for label, recorder in zip(self.labels, self._recorders, strict=True)}
+        )
+
+    async def close(self) -> None:
+        """Close every transport that was opened."""
+        transports, self._transports = self._transports, [None] * len(self.labels)
+        self._all_open = False
+        for transport in transports:
+            if transport is not None:
+                await transport.close()
+
+    def __repr__(self) -> str:
+        return f"EndpointRoutes({list(self.labels)!r})"

@@ -1,0 +1,168 @@
+"""Publisher statistics: counters and batch-latency percentiles from an HDR histogram."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hdrh.histogram import HdrHistogram
+
+if TYPE_CHECKING:
+    from hedgepub._hedging.engine import BatchOutcome
+
+# Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
+_LOWEST_US = 1
+_HIGHEST_US = 3_600_000_000
+_SIGNIFICANT_DIGITS = 3
+
+
+def latency_histogram() -> HdrHistogram:
+    """An empty histogram of latencies in microseconds, in the layout above."""
+    return HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_DIGITS)
+
+
+def latency_micros(seconds: float) -> int:
+    """``seconds`` as whole microseconds, clamped into the range of :func:`latency_histogram`."""
+    return min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
+
+
+def percentile_ms(histogram: HdrHistogram, percentile: float) -> float:
+    """The ``percentile``-th value of a :func:`latency_histogram` in milliseconds (0.0 when empty)."""
+    if histogram.get_total_count() == 0:
+        return 0.0
+    return histogram.get_value_at_percentile(percentile) / 1000.0
+
+
+def max_ms(histogram: HdrHistogram) -> float:
+    """The largest value of a :func:`latency_histogram` in milliseconds (0.0 when empty)."""
+    return 0.0 if histogram.get_total_count() == 0 else histogram.get_max_value() / 1000.0
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
+
+    Attributes:
+        attempts_sent: Publish RPCs sent there: originals and retries (primary only) and hedges.
+        hedges_sent: the hedges among them.
+        attempts_failed: attempts that ended with an error status (unreachable, timed out, refused);
+            attempts cancelled because another won are not counted.
+        wins: batches whose winning attempt went there.
+        p50_ms, p90_ms, p99_ms, max_ms: latency of the attempts that answered with message IDs, from
+            their own send to their answer, in milliseconds (0.0 before any answered).
+    """
+
+    attempts_sent: int = 0
+    hedges_sent: int = 0
+    attempts_failed: int = 0
+    wins: int = 0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    """A snapshot of what a publisher has done since it was created.
+
+    Attributes:
+        messages_published: messages whose future resolved with a message ID.
+        messages_failed: messages whose future resolved with an error (after validation passed).
+        batches_sent: batches that went through the hedging engine (one Publish request each, plus
+            its retries and hedges), including those ``shutdown(timeout)`` cut off, which count as
+            failed, with the attempts and hedges they had sent.
+        attempts_sent: Publish RPCs sent: originals, retries and hedges.
+        hedges_sent: hedged attempts sent.
+        hedges_won: batches whose winning attempt was a hedge.
+        hedges_skipped: hedge points where no token was available.
+        tokens_available: tokens in the hedging bucket now (0.0 when hedging is off).
+        hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
+            ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
+        p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
+            to the batch's resolution, over every batch sent (successful or not), in milliseconds.
+        endpoints: per endpoint (``host:port``), the primary first and then any ``hedge_endpoints``:
+            attempts, hedges, failed attempts, wins and attempt latency (:class:`~hedgepub.EndpointStats`).
+    """
+
+    messages_published: int = 0
+    messages_failed: int = 0
+    batches_sent: int = 0
+    attempts_sent: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    hedges_skipped: int = 0
+    tokens_available: float = 0.0
+    hedge_delay_ms: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    p999_ms: float = 0.0
+    max_ms: float = 0.0
+    endpoints: Mapping[str, EndpointStats] = field(default_factory=dict)
+
+
+class StatsRecorder:
+    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._histogram = latency_histogram()
+        self.messages_published = 0
+        self.messages_failed = 0
+        self.batches_sent = 0
+        self.attempts_sent = 0
+        self.hedges_sent = 0
+        self.hedges_won = 0
+        self.hedges_skipped = 0
+
+    def record_batch(self, messages: int, outcome: BatchOutcome) -> None:
+        """Count one batch of ``messages`` messages that went through the engine, as ``outcome`` tells."""
+        micros = latency_micros(outcome.latency)
+        with self._lock:
+            if outcome.ok:
+                self.messages_published += messages
+            else:
+                self.messages_failed += messages
+            self.batches_sent += 1
+            self.attempts_sent += outcome.attempts_sent
+            self.hedges_sent += outcome.hedges_sent
+            self.hedges_won += int(outcome.hedge_won)
+            self.hedges_skipped += outcome.hedges_skipped
+            self._histogram.record_value(micros)
+
+    def record_failed(self, messages: int) -> None:
+        """Count messages that failed without a batch reaching the engine (paused key, shutdown)."""
+        with self._lock:
+            self.messages_failed += messages
+
+    def snapshot(
+        self,
+        tokens_available: float,
+        hedge_delay: float = 0.0,
+        *,
+        endpoints: Mapping[str, EndpointStats] | None = None,
+    ) -> PublisherStats:
+        """The counters and percentiles now, with the bucket's tokens, the hedge delay (seconds) and
+        the per-endpoint stats."""
+        with self._lock:
+            histogram = self._histogram
+            return PublisherStats(
+                messages_published=self.messages_published,
+                messages_failed=self.messages_failed,
+                batches_sent=self.batches_sent,
+                attempts_sent=self.attempts_sent,
+                hedges_sent=self.hedges_sent,
+                hedges_won=self.hedges_won,
+                hedges_skipped=self.hedges_skipped,
+                tokens_available=tokens_available,
+                hedge_delay_ms=hedge_delay * 1000.0,
+                p50_ms=percentile_ms(histogram, 50),
+                p90_ms=percentile_ms(histogram, 90),
+                p99_ms=percentile_ms(histogram, 99),
+                p999_ms=percentile_ms(histogram, 99.9),
+                max_ms=max_ms(histogram),
+                endpoints=endpoints if endpoints is not None else {},
+            )

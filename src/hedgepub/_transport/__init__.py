@@ -1,0 +1,1 @@
+"""hedgepub._transport.grpc."""

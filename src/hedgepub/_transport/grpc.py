@@ -1,0 +1,321 @@
+"""The transport: where the publisher meets gRPC.
+
+Everything gRPC-specific about publishing lives here, behind a one-method seam
+(:class:`Transport`): *publish this request, with this metadata, within this timeout, and give me the
+message IDs*. The real implementation (:class:`GrpcTransport`) calls ``google.pubsub.v1.Publisher/Publish``
+on a ``grpc.aio`` channel with the raw protobuf classes (never the proto-plus wrappers, which are several
+times slower); :class:`ScriptedTransport` answers from a script, for unit tests on virtual time.
+
+Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
+
+1. an explicit ``endpoint`` wins (:func:`parse_endpoint`, which the CLI uses too). ``"https://host[:port]"``
+   means TLS, ``"http://host:port"`` means plain text; a bare ``"host:port"`` means TLS when the port is
+   443 or ``credentials`` were given, plain text otherwise (emulators and local servers listen on other
+   ports); a malformed endpoint is a ``ValueError``;
+2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
+3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
+   with Application Default Credentials found by google-auth.
+
+A TLS channel trusts the system's root certificates, or only the PEM ``root_certificates`` given
+(``PublisherClient(root_certificates=...)``), for a private CA or ``hedgepub serve --tls-cert``.
+
+On a plain-text channel, ``credentials`` given explicitly still identify the caller: their token goes in
+``authorization: Bearer ...`` metadata on every call (gRPC refuses call credentials without TLS), which is
+how a local server with IAM enforcement (``hedgepub serve --iam enforce``) learns who publishes, e.g.
+``credentials=google.oauth2.credentials.Credentials("t-alice")`` with ``endpoint="http://127.0.0.1:8085"``
+or ``PUBSUB_EMULATOR_HOST``. Without explicit credentials nothing is sent, as before.
+
+On both kinds of channel the token is checked before every attempt (hedges included) and refreshed when it
+has expired, once for all the attempts waiting on it. A token that cannot be refreshed fails the attempt
+with ``UNAUTHENTICATED`` (not retried by default), whose message names the credentials and google-auth's
+reason; a refresh error google-auth marks retryable (the token endpoint unreachable) is ``UNAVAILABLE``.
+
+gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
+
+    grpc.aio.AioRpcError(code=grpc.StatusCode.X)  ->  hedgepub.RpcError(StatusCode.X, details)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import grpc
+import grpc.aio
+from google.pubsub_v1.types import pubsub as _pubsub_types
+
+from hedgepub._exceptions import RpcError
+from hedgepub._status import StatusCode
+
+#: Raw protobuf classes of the Publish RPC (``Message.pb()`` with no argument returns the raw class).
+PublishRequestPb: Any = _pubsub_types.PublishRequest.pb()
+PublishResponsePb: Any = _pubsub_types.PublishResponse.pb()
+PubsubMessagePb: Any = _pubsub_types.PubsubMessage.pb()
+
+#: The Google Cloud Pub/Sub endpoint used when neither an endpoint nor an emulator is configured.
+DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
+#: The environment variable every official client reads to find an emulator.
+EMULATOR_HOST_ENV = "PUBSUB_EMULATOR_HOST"
+#: OAuth scopes asked for when Application Default Credentials are used.
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/pubsub")
+PUBLISH_METHOD = "/google.pubsub.v1.Publisher/Publish"
+
+#: A message may be up to 10 MB and a request a little more; leave head room over both.
+MAX_MESSAGE_LENGTH = 20 * 1024 * 1024
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
+    # Pings every 30 s keep long-idle connections through NATs and load balancers alive; servers
+    # (including Google's) accept this rate while calls are open.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+)
+
+Metadata = Sequence[tuple[str, str]]
+
+_GRPC_TO_STATUS: dict[grpc.StatusCode, StatusCode] = {
+    code: StatusCode(code.value[0]) for code in grpc.StatusCode
+}
+
+
+def map_rpc_error(error: grpc.RpcError) -> RpcError:
+    """Translate a gRPC error into hedgepub's :class:`~hedgepub.RpcError` (the one place this happens).
+
+    A status that is not a failure (``OK``, which a broken server could send with no response) becomes
+    ``UNKNOWN``, because the caller has no message IDs.
+    """
+    code_method = getattr(error, "code", None)
+    grpc_code = code_method() if callable(code_method) else None
+    code = _GRPC_TO_STATUS.get(grpc_code, StatusCode.UNKNOWN)  # type: ignore[arg-type]
+    if code is StatusCode.OK:
+        code = StatusCode.UNKNOWN
+    details_method = getattr(error, "details", None)
+    details = details_method() if callable(details_method) else str(error)
+    return RpcError(code, details or "")
+
+
+def request_metadata(topic: str, batch_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata of one attempt (spec rule 8): routing header, batch id, attempt number."""
+    return (
+        ("x-goog-request-params", "topic=" + quote(topic, safe="/")),
+        ("hedgepub-batch-id", batch_id),
+        ("hedgepub-attempt", str(attempt)),
+    )
+
+
+class Transport(Protocol):
+    """Sends one Publish request; the seam between the publisher and the network."""
+
+    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+        """Publish ``request`` (a raw ``PublishRequest``) and return its message IDs.
+
+        Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
+        """
+
+    async def close(self) -> None:
+        """Release the connection."""
+
+
+@dataclass(frozen=True)
+class ChannelTarget:
+    """Where to connect, and whether over TLS with credentials."""
+
+    target: str
+    secure: bool
+
+
+#: The endpoint forms :func:`parse_endpoint` accepts, for error messages.
+ENDPOINT_FORMS = "HOST:PORT, http://HOST:PORT (plain text) or https://HOST[:PORT] (TLS)"
+
+
+def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> ChannelTarget:
+    """The channel target an explicit endpoint names; the one parser for the client and the CLI.
+
+    ``"https://host[:port]"`` means TLS (port 443 by default), ``"http://host[:port]"`` plain text (port 80
+    by default), and a bare ``"host:port"`` TLS when the port is 443 or ``credentials`` were given, plain
+    text otherwise; a bare ``"host"`` means ``host:443`` over TLS. ``unix:PATH`` is passed to gRPC as
+    is (plain text). Anything else (another scheme, a path, a port that is not a number from 1 to 65535,
+    no host) raises ``ValueError`` naming the accepted forms.
+    """
+    text = endpoint.strip()
+    if text.startswith(("unix:", "unix-abstract:")):
+        return ChannelTarget(text, secure=False)
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        scheme, rest = "", text
+    elif scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {endpoint!r}: unknown scheme {scheme + '://'!r}; use {ENDPOINT_FORMS}")
+    rest = rest.rstrip("/")
+    host, port = _split_host_port(rest, endpoint)
+    if scheme == "https":
+        return ChannelTarget(f"{host}:{port or 443}", secure=True)
+    if scheme == "http":
+        return ChannelTarget(f"{host}:{port or 80}", secure=False)
+    if port is None:
+        return ChannelTarget(f"{host}:443", secure=True)
+    return ChannelTarget(f"{host}:{port}", secure=credentials is not None or port == 443)
+
+
+def _split_host_port(text: str, endpoint: str) -> tuple[str, int | None]:
+    """(host, port or None) of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port``; ValueError otherwise."""
+    problem = f"endpoint {endpoint!r} is not of the form {ENDPOINT_FORMS}"
+    if "/" in text or any(character.isspace() for character in text):
+        raise ValueError(problem)
+    if text.startswith("["):  # bracketed IPv6 literal
+        closing = text.find("]")
+        if closing < 2:
+            raise ValueError(problem)
+        host, after = text[: closing + 1], text[closing + 1 :]
+        if after and not after.startswith(":"):
+            raise ValueError(problem)
+        port_text = after[1:] if after else None
+    else:
+        host, colon, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if colon else None
+    if not host or (port_text is not None and not (port_text.isdigit() and 1 <= int(port_text) <= 65535)):
+        raise ValueError(problem)
+    return host, None if port_text is None else int(port_text)
+
+
+def resolve_endpoint(
+    endpoint: str | None = None, *, credentials: object | None = None, environ: Any = None
+) -> ChannelTarget:
+    """Decide the channel target: explicit ``endpoint``, else ``PUBSUB_EMULATOR_HOST``, else Google.
+
+    An explicit endpoint goes through :func:`parse_endpoint` (``ValueError`` if malformed); the emulator
+    variable is used as it is, plain text, as every official client does.
+    """
+    environ = os.environ if environ is None else environ
+    if endpoint:
+        return parse_endpoint(endpoint, credentials=credentials)
+    emulator = environ.get(EMULATOR_HOST_ENV)
+    if emulator:
+        return ChannelTarget(emulator, secure=False)
+    return ChannelTarget(DEFAULT_ENDPOINT, secure=True)
+
+
+class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+    """Puts google-auth credentials' ``authorization`` header on every call, refreshing the token first.
+
+    Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for two reasons:
+    a token that cannot be refreshed must fail the publish at once with a clear error (through the plugin
+    it surfaces as a retryable ``UNAVAILABLE`` and is retried until the total timeout), and concurrent
+    attempts (a batch and its hedges) must share one refresh rather than each start their own.
+    """
+
+    def __init__(self, credentials: Any, service_url: str) -> None:
+        self._credentials = credentials
+        self._service_url = service_url
+        self._auth_request: Any = None
+        self._refresh_lock: asyncio.Lock | None = None
+
+    async def _fresh_headers(self) -> dict[str, str]:
+        import google.auth.exceptions
+        import google.auth.transport.requests
+
+        credentials = self._credentials
+        if self._auth_request is None:
+            self._auth_request = google.auth.transport.requests.Request()
+            self._refresh_lock = asyncio.Lock()
+        if not credentials.valid:
+            assert self._refresh_lock is not None
+            async with self._refresh_lock:  # one refresh at a time; those waiting reuse its token
+                if not credentials.valid:
+                    try:
+                        # Refreshing may block on HTTP; keep the event loop free meanwhile.
+                        await asyncio.get_running_loop().run_in_executor(
+                            None, credentials.refresh, self._auth_request
+                        )
+                    except google.auth.exceptions.GoogleAuthError as error:
+                        retryable = bool(getattr(error, "retryable", False))
+                        raise RpcError(
+                            StatusCode.UNAVAILABLE if retryable else StatusCode.UNAUTHENTICATED,
+                            f"the access token of the {type(credentials).__name__} credentials is missing or "
+                            f"expired and could not be refreshed: {error}",
+                        ) from error
+        headers: dict[str, str] = {}
+        # The token is valid now, so this only adds headers (and, for self-signed JWT credentials, signs
+        # one for this service's audience, as gRPC's own plugin would).
+        credentials.before_request(self._auth_request, "POST", self._service_url, headers)
+        return headers
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        headers = await self._fresh_headers()
+        metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
+        return await continuation(client_call_details._replace(metadata=metadata), request)
+
+
+def create_channel(
+    target: ChannelTarget, credentials: object | None = None, *, root_certificates: bytes | None = None
+) -> grpc.aio.Channel:
+    """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
+
+    A secure channel carries google-auth credentials: the ones given, or Application Default
+    Credentials; it trusts the system's root certificates, or only ``root_certificates`` (PEM) when
+    given (a private CA, a local server with a throwaway certificate). A plain-text channel carries only
+    credentials given explicitly, as metadata.
+    """
+    host = target.target.removesuffix(":443")
+    service_url = f"https://{host}/google.pubsub.v1.Publisher"
+    if not target.secure:
+        interceptors = (
+            [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
+        )
+        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    import google.auth
+
+    if credentials is None:
+        credentials, _project = google.auth.default(scopes=SCOPES)
+    return grpc.aio.secure_channel(
+        target.target,
+        grpc.ssl_channel_credentials(root_certificates=root_certificates),
+        options=CHANNEL_OPTIONS,
+        interceptors=[_BearerTokenInterceptor(credentials, service_url)],
+    )
+
+
+class GrpcTransport:
+    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._channel = channel
+        self._publish = channel.unary_unary(
+            PUBLISH_METHOD,
+            request_serializer=PublishRequestPb.SerializeToString,
+            response_deserializer=PublishResponsePb.FromString,
+        )
+
+    @classmethod
+    def connect(
+        cls,
+        endpoint: str | None = None,
+        credentials: object | None = None,
+        *,
+        root_certificates: bytes | None = None,
+    ) -> GrpcTransport:
+        """Resolve the endpoint and open a channel to it (inside the event loop that will use it)."""
+        target = resolve_endpoint(endpoint, credentials=credentials)
+        return cls(create_channel(target, credentials, root_certificates=root_certificates))
+
+    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+        """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
+        call = self._publish(request, timeout=timeout, metadata=metadata)
+        try:
+            response = await call
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        except grpc.RpcError as error:
+            raise map_rpc_error(error) from error
+        return list(response.message_ids)
+
+    async def close(self) -> None:
+        """Close the channel; RPCs still running are cancelled."""
+        await self._channel.close()
+
+    def __repr__(self) -> str:
+        return f"GrpcTransport({self._channel!r})"

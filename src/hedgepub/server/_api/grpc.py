@@ -1,0 +1,702 @@
+"""The gRPC face of the server: thin handlers for ``google.pubsub.v1`` and ``google.iam.v1``.
+
+Each handler parses its request (raw protobuf classes, served through generic handlers), asks the
+:class:`~hedgepub.server._iam.iam.Authorizer` for the RPC's permission, calls the core, and turns a
+:class:`~hedgepub.server._pubsub.limits.ServiceError` into a status code. Methods not listed here, and unknown
+services, answer UNIMPLEMENTED with a message naming the method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.protobuf import any_pb2, empty_pb2
+from google.protobuf.message import DecodeError
+from google.pubsub_v1.types import pubsub as pubsub_types
+from google.pubsub_v1.types import schema as schema_types
+from google.rpc import status_pb2
+
+from hedgepub._status import StatusCode
+from hedgepub.server._iam import iam as _iam
+from hedgepub.server._pubsub.core import PubSubCore
+from hedgepub.server._pubsub.hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
+from hedgepub.server._pubsub.limits import ServiceError, check_ack_deadline, invalid
+from hedgepub.server._pubsub.resources import page
+from hedgepub.server._store.datadir import DISK_FULL_MESSAGE, disk_full
+
+logger = logging.getLogger("hedgepub.server")
+
+PUBLISHER_SERVICE = "google.pubsub.v1.Publisher"
+SUBSCRIBER_SERVICE = "google.pubsub.v1.Subscriber"
+IAM_SERVICE = "google.iam.v1.IAMPolicy"
+SCHEMA_SERVICE = "google.pubsub.v1.SchemaService"
+
+#: How long a Pull without ``return_immediately`` waits for a first message before answering empty.
+PULL_WAIT_SECONDS = 5.0
+
+_pb = pubsub_types
+_schema = schema_types
+_Empty = empty_pb2.Empty
+_MALFORMED = object()
+
+_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _grpc_code(code: StatusCode) -> grpc.StatusCode:
+    return _GRPC_CODES[int(code)]
+
+
+def _parser(message_class: Any) -> Callable[[bytes], Any]:
+    parse = message_class.FromString
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError:
+            return _MALFORMED
+
+    return deserialize
+
+
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _field(request: Any, path: str) -> str:
+    value = request
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _masks(paths: Iterable[str], field: str) -> bool:
+    """Whether an update mask's ``paths`` name ``field`` or a field inside it."""
+    return any(path == field or path.startswith(f"{field}.") for path in paths)
+
+
+class PubSubServicer:
+    """Every implemented RPC, as coroutines taking ``(request, context)``."""
+
+    def __init__(
+        self,
+        core: PubSubCore,
+        authorizer: _iam.Authorizer | None = None,
+        hedge_window: HedgeBatchWindow | None = None,
+    ) -> None:
+        self.core = core
+        self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
+        self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
+        #: ``--dedup-hedges``: attempts of one hedged batch are stored once (off: None).
+        self.hedge_window = hedge_window
+
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
+        if not self._enforcing:
+            return
+        metadata = tuple(context.invocation_metadata() or ())
+        # Who the caller is comes first: nothing is looked up for a caller without a known token.
+        authenticate = getattr(self.authorizer, "authenticate", None)
+        if authenticate is not None:
+            authenticate(metadata)
+        for check in _iam.RPC_PERMISSIONS.get(method, ()):
+            if check.when_masked and not _masks(request.update_mask.paths, check.when_masked):
+                continue
+            resource = _field(request, check.field)
+            if check.optional and not resource:
+                continue
+            permission = check.permission
+            if check.on_topic:
+                # Checked on the subscription's topic; an unknown subscription leaves the project's policy.
+                resource = self.core.topic_of_subscription(resource) or resource
+            if method.endswith("IamPolicy"):
+                permission = _iam.resource_permission(resource, permission)
+            await self.authorizer.check(metadata, permission, resource)
+
+    # ------------------------------------------------------------ Publisher
+    async def CreateTopic(self, request: Any, context: Any) -> Any:
+        return await self.core.create_topic(request)
+
+    async def GetTopic(self, request: Any, context: Any) -> Any:
+        return self.core.get_topic(request.topic)
+
+    async def UpdateTopic(self, request: Any, context: Any) -> Any:
+        return await self.core.update_topic(request.topic, list(request.update_mask.paths))
+
+    async def ListTopics(self, request: Any, context: Any) -> Any:
+        return _paged(_pb.ListTopicsResponse, "topics", self.core.list_topics, request.project, request)
+
+    async def ListTopicSubscriptions(self, request: Any, context: Any) -> Any:
+        lister = self.core.list_topic_subscriptions
+        return _paged(_pb.ListTopicSubscriptionsResponse, "subscriptions", lister, request.topic, request)
+
+    async def DeleteTopic(self, request: Any, context: Any) -> Any:
+        await self.core.delete_topic(request.topic)
+        return _Empty()
+
+    async def DetachSubscription(self, request: Any, context: Any) -> Any:
+        await self.core.detach_subscription(request.subscription)
+        return _pb.DetachSubscriptionResponse.pb()()
+
+    async def Publish(self, request: Any, context: Any) -> Any:
+        size = request.ByteSize()
+        window = self.hedge_window
+        if window is not None:
+            batch_id = _metadata_value(context, BATCH_ID_METADATA)
+            if batch_id:
+                ids = await window.publish_once(
+                    request.topic,
+                    batch_id,
+                    (len(request.messages), size),
+                    lambda: self.core.publish(request.topic, request.messages, size),
+                )
+                return _PublishResponse(message_ids=ids)
+        ids = await self.core.publish(request.topic, request.messages, size)
+        return _PublishResponse(message_ids=ids)
+
+    # ------------------------------------------------------------ Subscriber
+    async def CreateSubscription(self, request: Any, context: Any) -> Any:
+        if request.HasField("dead_letter_policy"):
+            self._check_dead_letter_topic(request.name, request.dead_letter_policy)
+        return await self.core.create_subscription(request)
+
+    def _check_dead_letter_topic(self, subscription: str, policy: Any) -> None:
+        """While enforcing: the service must be allowed to publish to the dead-letter topic it would use."""
+        if isinstance(self.authorizer, _iam.IamEnforcer) and policy.dead_letter_topic:
+            self.authorizer.check_dead_letter_topic(subscription, policy.dead_letter_topic)
+
+    async def GetSubscription(self, request: Any, context: Any) -> Any:
+        return self.core.get_subscription(request.subscription)
+
+    async def UpdateSubscription(self, request: Any, context: Any) -> Any:
+        if "dead_letter_policy" in request.update_mask.paths:
+            self._check_dead_letter_topic(request.subscription.name, request.subscription.dead_letter_policy)
+        return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
+
+    async def ListSubscriptions(self, request: Any, context: Any) -> Any:
+        lister = self.core.list_subscriptions
+        return _paged(_pb.ListSubscriptionsResponse, "subscriptions", lister, request.project, request)
+
+    async def DeleteSubscription(self, request: Any, context: Any) -> Any:
+        await self.core.delete_subscription(request.subscription)
+        return _Empty()
+
+    # Replay: snapshots and Seek (see _replay.py).
+    async def CreateSnapshot(self, request: Any, context: Any) -> Any:
+        return await self.core.replay.create_snapshot(request.name, request.subscription, request.labels)
+
+    async def GetSnapshot(self, request: Any, context: Any) -> Any:
+        return self.core.replay.get_snapshot(request.snapshot)
+
+    async def ListSnapshots(self, request: Any, context: Any) -> Any:
+        lister = self.core.replay.list_snapshots
+        return _paged(_pb.ListSnapshotsResponse, "snapshots", lister, request.project, request)
+
+    async def ListTopicSnapshots(self, request: Any, context: Any) -> Any:
+        lister = self.core.replay.list_topic_snapshots
+        return _paged(_pb.ListTopicSnapshotsResponse, "snapshots", lister, request.topic, request)
+
+    async def UpdateSnapshot(self, request: Any, context: Any) -> Any:
+        return await self.core.replay.update_snapshot(request.snapshot, list(request.update_mask.paths))
+
+    async def DeleteSnapshot(self, request: Any, context: Any) -> Any:
+        await self.core.replay.delete_snapshot(request.snapshot)
+        return _Empty()
+
+    async def Seek(self, request: Any, context: Any) -> Any:
+        target = request.WhichOneof("target")
+        if target is None:
+            raise invalid("A Seek request must give either a time or a snapshot.")
+        if target == "time":
+            await self.core.seek(request.subscription, request.time.ToNanoseconds(), None)
+        else:  # an empty snapshot name is still a snapshot target: refused as an invalid name
+            await self.core.seek(request.subscription, None, request.snapshot)
+        return _pb.SeekResponse.pb()()
+
+    async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
+        await self.core.modify_push_config(request.subscription, request.push_config)
+        return _Empty()
+
+    async def Pull(self, request: Any, context: Any) -> Any:
+        wait = 0.0
+        if not request.return_immediately:
+            wait = PULL_WAIT_SECONDS
+            remaining = context.time_remaining()
+            if remaining is not None:
+                # Answer (empty) a little before the caller's deadline rather than let it expire.
+                wait = max(0.0, min(wait, remaining - 0.1))
+        received = await self.core.pull(request.subscription, request.max_messages, wait)
+        return _pb.PullResponse.pb()(received_messages=received)
+
+    async def Acknowledge(self, request: Any, context: Any) -> Any:
+        await self.core.acknowledge(request.subscription, request.ack_ids)
+        return _Empty()
+
+    async def ModifyAckDeadline(self, request: Any, context: Any) -> Any:
+        self.core.modify_ack_deadline(request.subscription, request.ack_ids, request.ack_deadline_seconds)
+        if request.ack_deadline_seconds == 0:  # a nack: answered once its delivery count is stored
+            await self.core.attempts_recorded()
+        return _Empty()
+
+    async def StreamingPull(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Bidirectional: a reader task applies acks, modacks and deadline changes; we send messages and,
+        under exactly-once delivery, the confirmations of those acks and modacks (:class:`_Confirmations`)."""
+        core = self.core
+        first = await _next_request(requests)
+        if first is None:
+            return
+        # The caller's token first, then the request, as for the unary RPCs.
+        await self.authorize("StreamingPull", first, context)
+        subscription = first.subscription
+        if not subscription:
+            raise invalid("The first StreamingPullRequest must name a subscription.")
+        deadline = check_ack_deadline(
+            first.stream_ack_deadline_seconds, allow_zero=False, field="stream_ack_deadline_seconds"
+        )
+        if first.max_outstanding_messages < 0 or first.max_outstanding_bytes < 0:
+            raise invalid("max_outstanding_messages and max_outstanding_bytes must not be negative.")
+        consumer = core.open_consumer(
+            subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
+        )
+        failure: list[Exception] = []
+
+        def confirm(acknowledged: bool, ack_ids: Any, failures: dict[str, str] | None) -> None:
+            """Exactly-once delivery (failures is None without it): owe the client a confirmation."""
+            if failures is None:
+                return
+            if consumer.confirmations is None:
+                consumer.confirmations = _Confirmations()
+            consumer.confirmations.add(acknowledged, ack_ids, failures)
+            core.wake(subscription)
+
+        async def acknowledge(ack_ids: Any) -> None:
+            confirm(True, ack_ids, await core.acknowledge(subscription, ack_ids, report=False))
+
+        def apply(request: Any) -> None:
+            if request.stream_ack_deadline_seconds:
+                consumer.ack_deadline = float(
+                    check_ack_deadline(
+                        request.stream_ack_deadline_seconds,
+                        allow_zero=False,
+                        field="stream_ack_deadline_seconds",
+                    )
+                )
+            if request.modify_deadline_ack_ids or request.modify_deadline_seconds:
+                ack_ids = request.modify_deadline_ack_ids
+                confirm(
+                    False, ack_ids, core.modify_each(subscription, ack_ids, request.modify_deadline_seconds)
+                )
+
+        async def read() -> None:
+            try:
+                apply(first)
+                if first.ack_ids:
+                    await acknowledge(first.ack_ids)
+                while True:
+                    request = await _next_request(requests)
+                    if request is None:
+                        break
+                    apply(request)
+                    if request.ack_ids:
+                        await acknowledge(request.ack_ids)
+            except (asyncio.CancelledError, grpc.RpcError):
+                pass
+            except Exception as error:  # e.g. an ack the store could not write: end the stream with it
+                failure.append(error)
+            finally:
+                core.close_consumer(subscription, consumer)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                batch = await core.next_batch(subscription, consumer)
+                if failure:
+                    raise failure[0]
+                owed, consumer.confirmations = consumer.confirmations, None
+                if not batch and owed is None:
+                    break
+                # Read per response: an UpdateSubscription can turn exactly-once delivery on or off.
+                config = core.get_subscription(subscription)
+                properties = _SubscriptionProperties(
+                    message_ordering_enabled=config.enable_message_ordering,
+                    exactly_once_delivery_enabled=config.enable_exactly_once_delivery,
+                )
+                response = _StreamingPullResponse(received_messages=batch, subscription_properties=properties)
+                if owed is not None:  # with the messages ready now, if any, as the real service may
+                    owed.fill(response)
+                yield response
+        finally:
+            core.close_consumer(subscription, consumer)
+            reader.cancel()
+
+    # ------------------------------------------------------------ SchemaService
+    async def CreateSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.create(request.parent, request.schema_id, request.schema)
+
+    async def GetSchema(self, request: Any, context: Any) -> Any:
+        return self.core.schemas.get(request.name, request.view)
+
+    async def ListSchemas(self, request: Any, context: Any) -> Any:
+        schemas = self.core.schemas
+        names, token = page(schemas.names(request.parent), request.page_size, request.page_token)
+        listed = schemas.listed(names, request.view)
+        return _schema.ListSchemasResponse.pb()(schemas=listed, next_page_token=token)
+
+    async def ListSchemaRevisions(self, request: Any, context: Any) -> Any:
+        revisions = self.core.schemas.revisions(request.name, request.view)
+        # Paged in creation order: a revision's create time (unique within its schema) is its page key.
+        by_time = {_revision_key(revision): revision for revision in revisions}
+        keys, token = page(list(by_time), request.page_size, request.page_token)
+        shown = [by_time[key] for key in keys]
+        return _schema.ListSchemaRevisionsResponse.pb()(schemas=shown, next_page_token=token)
+
+    async def CommitSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.commit(request.name, request.schema)
+
+    async def RollbackSchema(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.rollback(request.name, request.revision_id)
+
+    async def DeleteSchemaRevision(self, request: Any, context: Any) -> Any:
+        return await self.core.schemas.delete_revision(request.name, request.revision_id)
+
+    async def DeleteSchema(self, request: Any, context: Any) -> Any:
+        await self.core.delete_schema(request.name)
+        return _Empty()
+
+    async def ValidateSchema(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_schema(request.parent, request.schema)
+        return _schema.ValidateSchemaResponse.pb()()
+
+    async def ValidateMessage(self, request: Any, context: Any) -> Any:
+        await self.core.schemas.validate_message(request)
+        return _schema.ValidateMessageResponse.pb()()
+
+    # ------------------------------------------------------------ IAMPolicy
+    async def GetIamPolicy(self, request: Any, context: Any) -> Any:
+        return self.core.get_policy(request.resource)
+
+    async def SetIamPolicy(self, request: Any, context: Any) -> Any:
+        if isinstance(self.authorizer, _iam.IamEnforcer):  # off, policies are only stored: any role goes
+            self.authorizer.check_policy(request.policy)
+        return await self.core.set_policy(request.resource, request.policy)
+
+    async def TestIamPermissions(self, request: Any, context: Any) -> Any:
+        metadata = tuple(context.invocation_metadata() or ())
+        if not self._enforcing:
+            self.core.check_iam_resource(request.resource)
+            _iam.check_testable(request.resource, request.permissions)
+            granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
+        # Enforcing: the caller's token (already checked by authorize) and what it holds come before any
+        # lookup. A caller holding nothing on the resource gets the same empty answer whether it exists or
+        # not, so TestIamPermissions cannot tell it which topics exist; one holding something (who could
+        # GetTopic anyway, or reads the resource's own policy) learns NOT_FOUND as before.
+        _iam.check_testable(request.resource, request.permissions)
+        applicable = _iam.testable_permissions(request.resource)
+        holds_any = await self.authorizer.granted(metadata, request.resource, sorted(applicable))
+        if not holds_any:
+            return iam_policy_pb2.TestIamPermissionsResponse(permissions=[])
+        self.core.check_iam_resource(request.resource)
+        granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
+        return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
+
+
+_PublishResponse: Any = _pb.PublishResponse.pb()
+_StreamingPullResponse: Any = _pb.StreamingPullResponse.pb()
+_SubscriptionProperties: Any = _pb.StreamingPullResponse.SubscriptionProperties.pb()
+
+
+class _Confirmations:
+    """The exactly-once confirmations a StreamingPull stream owes its client: the ack IDs of the acks and
+    of the modacks it sent since its last response, each processed or invalid.
+
+    The real service sets ``acknowledge_confirmation`` / ``modify_ack_deadline_confirmation`` only on
+    subscriptions with exactly-once delivery. Every failure the core reports is permanent (an ack ID that
+    is malformed, unknown, or whose lease ended: expired, nacked or superseded), hence ``invalid_ack_ids``;
+    a store that cannot write ends the stream rather than failing ack IDs temporarily, and the core has no
+    order of acks to enforce, so ``temporary_failed_ack_ids`` and ``unordered_ack_ids`` stay empty.
+    """
+
+    __slots__ = ("acknowledged", "modified")
+
+    def __init__(self) -> None:
+        self.acknowledged: Any = None
+        self.modified: Any = None
+
+    def add(self, acknowledged: bool, ack_ids: Iterable[str], failures: dict[str, str]) -> None:
+        """Record the outcome of one request's acks (``acknowledged``) or modacks."""
+        if acknowledged:
+            if self.acknowledged is None:
+                self.acknowledged = _AcknowledgeConfirmation()
+            confirmation = self.acknowledged
+        else:
+            if self.modified is None:
+                self.modified = _ModifyAckDeadlineConfirmation()
+            confirmation = self.modified
+        for ack_id in ack_ids:
+            (confirmation.invalid_ack_ids if ack_id in failures else confirmation.ack_ids).append(ack_id)
+
+    def fill(self, response: Any) -> None:
+        """Set the confirmations owed on a ``StreamingPullResponse``."""
+        if self.acknowledged is not None:
+            response.acknowledge_confirmation.CopyFrom(self.acknowledged)
+        if self.modified is not None:
+            response.modify_ack_deadline_confirmation.CopyFrom(self.modified)
+
+
+_AcknowledgeConfirmation: Any = _pb.StreamingPullResponse.AcknowledgeConfirmation.pb()
+_ModifyAckDeadlineConfirmation: Any = _pb.StreamingPullResponse.ModifyAckDeadlineConfirmation.pb()
+
+
+def _revision_key(revision: Any) -> str:
+    stamp = revision.revision_create_time
+    return f"{stamp.seconds:012d}.{stamp.nanos:09d}"
+
+
+def _paged(
+    response_type: Any,
+    field: str,
+    lister: Callable[[str, int, str], tuple[list[Any], str]],
+    scope: str,
+    request: Any,
+) -> Any:
+    """A List RPC's answer: one page of what ``lister`` finds in ``scope`` and the next page's token."""
+    items, token = lister(scope, request.page_size, request.page_token)
+    return response_type.pb()(**{field: items, "next_page_token": token})
+
+
+def _status_details(error: ServiceError) -> tuple[tuple[str, bytes], ...]:
+    """The ``grpc-status-details-bin`` trailer carrying ``error.details`` (none when it has none)."""
+    if not error.details:
+        return ()
+    packed = []
+    for detail in error.details:
+        holder = any_pb2.Any()
+        holder.Pack(detail)
+        packed.append(holder)
+    status = status_pb2.Status(code=int(error.code), message=error.message, details=packed)
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
+    if isinstance(error, ServiceError):
+        await context.abort(_grpc_code(error.code), error.message, _status_details(error))
+    if disk_full(error):  # not a bug: the store refused a write, and recovers by itself when space returns
+        logger.warning("%s: the disk is full (%s); answered UNAVAILABLE", method, error)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL_MESSAGE)
+    logger.error("%s failed", method, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
+
+
+async def _next_request(requests: AsyncIterator[Any]) -> Any:
+    try:
+        request = await requests.__anext__()
+    except StopAsyncIteration:
+        return None
+    if request is _MALFORMED:
+        raise invalid("The request could not be parsed as a StreamingPullRequest.")
+    return request
+
+
+# (service, method, request class, response class, streaming)
+_METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
+    (PUBLISHER_SERVICE, "CreateTopic", _pb.Topic.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "UpdateTopic", _pb.UpdateTopicRequest.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "Publish", _pb.PublishRequest.pb(), _pb.PublishResponse.pb(), False),
+    (PUBLISHER_SERVICE, "GetTopic", _pb.GetTopicRequest.pb(), _pb.Topic.pb(), False),
+    (PUBLISHER_SERVICE, "ListTopics", _pb.ListTopicsRequest.pb(), _pb.ListTopicsResponse.pb(), False),
+    (
+        PUBLISHER_SERVICE,
+        "ListTopicSubscriptions",
+        _pb.ListTopicSubscriptionsRequest.pb(),
+        _pb.ListTopicSubscriptionsResponse.pb(),
+        False,
+    ),
+    (PUBLISHER_SERVICE, "DeleteTopic", _pb.DeleteTopicRequest.pb(), _Empty, False),
+    (
+        PUBLISHER_SERVICE,
+        "DetachSubscription",
+        _pb.DetachSubscriptionRequest.pb(),
+        _pb.DetachSubscriptionResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "CreateSubscription", _pb.Subscription.pb(), _pb.Subscription.pb(), False),
+    (SUBSCRIBER_SERVICE, "GetSubscription", _pb.GetSubscriptionRequest.pb(), _pb.Subscription.pb(), False),
+    (
+        SUBSCRIBER_SERVICE,
+        "UpdateSubscription",
+        _pb.UpdateSubscriptionRequest.pb(),
+        _pb.Subscription.pb(),
+        False,
+    ),
+    (
+        SUBSCRIBER_SERVICE,
+        "ListSubscriptions",
+        _pb.ListSubscriptionsRequest.pb(),
+        _pb.ListSubscriptionsResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "DeleteSubscription", _pb.DeleteSubscriptionRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "CreateSnapshot", _pb.CreateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (SUBSCRIBER_SERVICE, "GetSnapshot", _pb.GetSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (
+        SUBSCRIBER_SERVICE,
+        "ListSnapshots",
+        _pb.ListSnapshotsRequest.pb(),
+        _pb.ListSnapshotsResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "UpdateSnapshot", _pb.UpdateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
+    (SUBSCRIBER_SERVICE, "DeleteSnapshot", _pb.DeleteSnapshotRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Seek", _pb.SeekRequest.pb(), _pb.SeekResponse.pb(), False),
+    (
+        PUBLISHER_SERVICE,
+        "ListTopicSnapshots",
+        _pb.ListTopicSnapshotsRequest.pb(),
+        _pb.ListTopicSnapshotsResponse.pb(),
+        False,
+    ),
+    (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
+    (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
+    (SUBSCRIBER_SERVICE, "ModifyPushConfig", _pb.ModifyPushConfigRequest.pb(), _Empty, False),
+    (
+        SUBSCRIBER_SERVICE,
+        "StreamingPull",
+        _pb.StreamingPullRequest.pb(),
+        _pb.StreamingPullResponse.pb(),
+        True,
+    ),
+    (SCHEMA_SERVICE, "CreateSchema", _schema.CreateSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "GetSchema", _schema.GetSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemas",
+        _schema.ListSchemasRequest.pb(),
+        _schema.ListSchemasResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ListSchemaRevisions",
+        _schema.ListSchemaRevisionsRequest.pb(),
+        _schema.ListSchemaRevisionsResponse.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "CommitSchema", _schema.CommitSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (SCHEMA_SERVICE, "RollbackSchema", _schema.RollbackSchemaRequest.pb(), _schema.Schema.pb(), False),
+    (
+        SCHEMA_SERVICE,
+        "DeleteSchemaRevision",
+        _schema.DeleteSchemaRevisionRequest.pb(),
+        _schema.Schema.pb(),
+        False,
+    ),
+    (SCHEMA_SERVICE, "DeleteSchema", _schema.DeleteSchemaRequest.pb(), _Empty, False),
+    (
+        SCHEMA_SERVICE,
+        "ValidateSchema",
+        _schema.ValidateSchemaRequest.pb(),
+        _schema.ValidateSchemaResponse.pb(),
+        False,
+    ),
+    (
+        SCHEMA_SERVICE,
+        "ValidateMessage",
+        _schema.ValidateMessageRequest.pb(),
+        _schema.ValidateMessageResponse.pb(),
+        False,
+    ),
+    (IAM_SERVICE, "SetIamPolicy", iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
+    (IAM_SERVICE, "GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),
+    (
+        IAM_SERVICE,
+        "TestIamPermissions",
+        iam_policy_pb2.TestIamPermissionsRequest,
+        iam_policy_pb2.TestIamPermissionsResponse,
+        False,
+    ),
+)
+
+#: Full paths of every implemented method.
+IMPLEMENTED_METHODS: frozenset[str] = frozenset(f"/{service}/{method}" for service, method, *_ in _METHODS)
+
+
+def _unary(servicer: PubSubServicer, method: str, request_class: Any) -> Callable[..., Awaitable[Any]]:
+    behavior = getattr(servicer, method)
+    authorize = servicer.authorize
+    name = request_class.DESCRIPTOR.name
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is _MALFORMED:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"The request could not be parsed as a {name}."
+            )
+        try:
+            await authorize(method, request, context)
+            return await behavior(request, context)
+        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
+            await _abort(context, method, error)
+
+    return handle
+
+
+def _streaming(servicer: PubSubServicer, method: str) -> Callable[..., AsyncIterator[Any]]:
+    behavior = getattr(servicer, method)
+
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for response in behavior(requests, context):
+                yield response
+        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
+            await _abort(context, method, error)
+
+    return handle
+
+
+class _Unimplemented(grpc.GenericRpcHandler):
+    """Answers any method nobody else serves with UNIMPLEMENTED and a message naming it."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"Method {method} is not implemented by the hedgepub local Pub/Sub server.",
+            )
+
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+def generic_handlers(servicer: PubSubServicer) -> list[grpc.GenericRpcHandler]:
+    """The generic handlers to add to a ``grpc.aio`` server, the UNIMPLEMENTED catch-all last."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for service, method, request_class, response_class, streaming in _METHODS:
+        if streaming:
+            handler = grpc.stream_stream_rpc_method_handler(
+                _streaming(servicer, method),
+                request_deserializer=_parser(request_class),
+                response_serializer=response_class.SerializeToString,
+            )
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(
+                _unary(servicer, method, request_class),
+                request_deserializer=_parser(request_class),
+                response_serializer=response_class.SerializeToString,
+            )
+        by_service.setdefault(service, {})[method] = handler
+    handlers: list[grpc.GenericRpcHandler] = [
+        grpc.method_handlers_generic_handler(service, methods) for service, methods in by_service.items()
+    ]
+    handlers.append(_Unimplemented())
+    return handlers

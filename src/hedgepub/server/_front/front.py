@@ -1,0 +1,466 @@
+"""One port for gRPC and REST: a front listener that tells HTTP/2 from HTTP/1.1 by a connection's first bytes.
+
+``grpc.aio`` speaks only HTTP/2, so with REST on the server's gRPC face listens privately (a Linux
+abstract unix socket, or an ephemeral port of 127.0.0.1 elsewhere, that nobody is told about) and the
+front owns the public port. It accepts each connection itself and peeks at its first bytes without
+consuming them:
+
+- a connection that opens with the HTTP/2 preface (``PRI * HTTP/2.0``) is relayed, byte for byte, to the
+  gRPC face (gRPC clients, including ``PUBSUB_EMULATOR_HOST`` ones, never notice);
+- any other connection is HTTP/1.1, handed whole to aiohttp's low-level HTTP server, whose handler is
+  the :class:`~hedgepub.server._api.rest.RestGateway`.
+
+The server's one Python thread is what limits its throughput, so where it can (Linux) the front does not
+relay gRPC's bytes itself: it hands each gRPC connection's socket to a small relay process
+(:mod:`hedgepub.server._front.relay`) that moves them with ``splice(2)``, in the kernel, on the other
+core. That process starts in its own session, so that a scheduler that shares CPU between sessions
+(Linux's autogroups) does not make it queue behind the server's busy thread. Elsewhere, or when the
+process cannot be started (or dies), or with ``HEDGEPUB_RELAY=loop`` in the environment, the server's
+event loop relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
+rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
+are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether.
+
+On a TLS port the first bytes are encrypted, but a TLS client's first message, its ClientHello, is not,
+and it names the application protocols the client can speak (ALPN). The front peeks at the whole
+ClientHello (:mod:`hedgepub.server._front.client_hello`) and decides by the rule of
+:func:`~hedgepub.server._front.client_hello.wants_grpc`: ``h2`` (or ``grpc-exp``) offered without
+``http/1.1`` is a gRPC client, whose encrypted bytes are relayed unchanged, as above, to a gRPC face
+that holds the server's certificate and ends TLS itself; anything else (``http/1.1`` offered, or no
+ALPN) is HTTP/1.1, whose TLS the front ends in Python before aiohttp serves it. A connection whose
+first bytes cannot begin a TLS handshake is closed, after a ``400`` answer when they look like a
+plain-text HTTP request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from hedgepub.server._front.client_hello import MAX_PEEK_BYTES, NotClientHello, read_client_hello, wants_grpc
+
+logger = logging.getLogger("hedgepub.server")
+
+#: How every HTTP/2 connection begins (RFC 9113, section 3.4); HTTP/1.1 requests begin with a method.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: Bytes that tell the two apart: no HTTP/1.1 method starts with "PRI".
+_SNIFF_BYTES = 3
+#: Largest chunk relayed at once. Not more: glibc serves allocations from 128 KiB up with mmap, and a
+#: recv() of 256 KiB measured three times the cost of one of 64 KiB for the same 12 KB request.
+RELAY_CHUNK = 64 * 1024
+#: How long a connection may take to send its first bytes (its whole ClientHello, on a TLS port) before it
+#: is closed; on a TLS port, its REST connections get as long again to finish the handshake.
+SNIFF_TIMEOUT_SECONDS = 30.0
+#: What a plain-text HTTP request to a TLS port is answered with before the connection is closed.
+PLAIN_TEXT_ON_TLS_ANSWER = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+    b"This port speaks TLS: use https://.\n"
+)
+#: Listen backlog of the public socket.
+BACKLOG = 128
+
+_RETRY = (BlockingIOError, InterruptedError)
+#: Where a new connection goes: relayed to the gRPC face, served as HTTP/1.1, or closed.
+_Way = Literal["grpc", "http", "refuse"]
+#: ``HEDGEPUB_RELAY=loop`` relays gRPC on the server's event loop even where the relay process would run.
+RELAY_ENVIRONMENT = "HEDGEPUB_RELAY"
+
+#: The front's connections to the gRPC face (a Linux abstract unix socket) are bound to a name that
+#: starts with this and carries the client's address, so that the gRPC face's ``context.peer()`` still
+#: names the real client (see :func:`client_peer`).
+RELAYED_PEER_PREFIX = "hedgepub-front/"
+#: Metadata the REST gateway adds to the gRPC call it makes for a REST call: the HTTP client's address.
+REST_CLIENT_METADATA = "x-hedgepub-rest-client"
+_RELAYED_PEER = "unix-abstract:" + RELAYED_PEER_PREFIX
+
+
+def peer_name(address: Any) -> str:
+    """A socket's remote address in gRPC's peer form: ``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        host, port = address[0], address[1]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+    return str(address)
+
+
+def client_peer(peer: str) -> str:
+    """The real client of a gRPC call: ``peer`` itself, or the client a relayed connection came from."""
+    if peer.startswith(_RELAYED_PEER):
+        # gRPC percent-encodes the socket name; the last part only keeps names unique.
+        return urllib.parse.unquote(peer[len(_RELAYED_PEER) :]).rsplit("/", 1)[0]
+    return peer
+
+
+class _LoopRelay:
+    """Both directions of one gRPC connection relayed on the event loop: the public socket and the one to
+    the gRPC face."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        client: socket.socket,
+        upstream: socket.socket,
+        front: OnePortFront,
+    ) -> None:
+        self._loop = loop
+        self._client = client
+        self._upstream = upstream
+        self._front = front
+        self._closed = False
+        front.relays.add(self)
+        loop.add_reader(client.fileno(), self._forward, client, upstream)
+        loop.add_reader(upstream.fileno(), self._forward, upstream, client)
+
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            data = source.recv(RELAY_CHUNK)
+        except _RETRY:
+            return
+        except OSError:
+            self.close()
+            return
+        if not data:
+            # HTTP/2 does not half-close a connection: either side's end ends both.
+            self.close()
+            return
+        try:
+            sent = sink.send(data)
+        except _RETRY:
+            sent = 0
+        except OSError:
+            self.close()
+            return
+        if sent < len(data):
+            # The sink is full: stop reading the source until the rest is written.
+            self._loop.remove_reader(source.fileno())
+            self._loop.add_writer(sink.fileno(), self._drain, source, sink, memoryview(data)[sent:])
+
+    def _drain(self, source: socket.socket, sink: socket.socket, rest: memoryview) -> None:
+        try:
+            sent = sink.send(rest)
+        except _RETRY:
+            return
+        except OSError:
+            self.close()
+            return
+        self._loop.remove_writer(sink.fileno())
+        if sent < len(rest):
+            self._loop.add_writer(sink.fileno(), self._drain, source, sink, rest[sent:])
+        else:
+            self._loop.add_reader(source.fileno(), self._forward, source, sink)
+
+    def close(self) -> None:
+        """Close both sockets (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._front.relays.discard(self)
+        for sock in (self._client, self._upstream):
+            with contextlib.suppress(ValueError, OSError):  # fileno() is -1 once a socket is closed
+                self._loop.remove_reader(sock.fileno())
+                self._loop.remove_writer(sock.fileno())
+            sock.close()
+
+
+class _RelayProcess:
+    """The child process that relays gRPC connections (see :mod:`hedgepub.server._front.relay`)."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    str(Path(__file__).with_name("relay.py")),
+                    str(child.fileno()),
+                ],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # it writes nothing there; a reader of the server's waits for EOF
+                start_new_session=True,
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self._control = parent
+
+    def hand_over(self, client: socket.socket, target: str, name: str) -> None:
+        """Give ``client`` to the process, to relay to the abstract unix name ``target`` from ``name``.
+
+        Raises OSError when the process cannot take it (it died, or is too far behind to read).
+        """
+        socket.send_fds(self._control, [f"{target}\0{name}".encode()], [client.fileno()])
+        client.close()
+
+    async def stop(self) -> None:
+        """Close the control socket, which ends the process; wait for it."""
+        self._control.close()
+        for _ in range(200):
+            if self.process.poll() is not None:
+                return
+            await asyncio.sleep(0.01)
+        self.process.kill()
+        self.process.wait()
+
+
+class OnePortFront:
+    """The public listener: gRPC connections relayed to the gRPC face, HTTP/1.1 ones served here.
+
+    :meth:`bind` takes the port, :meth:`serve` starts accepting once the gRPC face is up. With ``tls``
+    (the server's certificate and key, ALPN ``http/1.1``) the port speaks TLS: gRPC connections are
+    relayed still encrypted, to a gRPC face that ends TLS itself, and HTTP/1.1 ones are served over
+    ``tls``.
+    """
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
+        self._listeners: list[socket.socket] = []
+        self._grpc_family = socket.AF_INET
+        self._grpc_address: Any = None
+        self._http_protocol_factory: Callable[[], Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Connections being relayed, and those not yet told apart (with their timeout), closed on stop.
+        self.relays: set[_LoopRelay] = set()
+        self._sniffing: dict[socket.socket, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._relay_process: _RelayProcess | None = None
+        self.port = 0
+
+    async def bind(self, host: str, port: int) -> int:
+        """Take ``host:port`` (0: any free port) on every address ``host`` stands for; return the port."""
+        self._loop = asyncio.get_running_loop()
+        infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        try:
+            for family, kind, protocol, _, address in dict.fromkeys(infos):
+                listener = socket.socket(family, kind, protocol)
+                self._listeners.append(listener)
+                if hasattr(socket, "SO_REUSEADDR") and not _is_windows():
+                    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                if self.port:  # port 0: every address gets the port the first one was given
+                    address = (address[0], self.port, *address[2:])
+                listener.bind(address)
+                listener.listen(BACKLOG)
+                listener.setblocking(False)
+                self.port = self.port or listener.getsockname()[1]
+        except OSError:
+            self._close_listeners()
+            raise
+        return self.port
+
+    async def serve(
+        self, grpc_family: int, grpc_address: Any, http_protocol_factory: Callable[[], Any]
+    ) -> None:
+        """Start accepting: gRPC goes to ``grpc_address`` (of ``grpc_family``), HTTP/1.1 to the factory's
+        protocols (one per connection)."""
+        assert self._loop is not None, "bind() first"
+        self._grpc_family, self._grpc_address = grpc_family, grpc_address
+        self._http_protocol_factory = http_protocol_factory
+        if (
+            hasattr(os, "splice")
+            and hasattr(socket, "send_fds")
+            and isinstance(grpc_address, str)
+            and grpc_address.startswith("\0")
+            and os.environ.get(RELAY_ENVIRONMENT, "process") != "loop"
+        ):
+            try:
+                self._relay_process = _RelayProcess()
+            except OSError as error:
+                logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
+        for listener in self._listeners:
+            self._loop.add_reader(listener.fileno(), self._accept, listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        assert self._loop is not None
+        for _ in range(BACKLOG):
+            try:
+                connection, _ = listener.accept()
+            except _RETRY:
+                return
+            except OSError as error:
+                # Out of descriptors and the like: say so and go on serving the connections there are.
+                if error.errno not in (errno.ECONNABORTED, errno.EPROTO):
+                    logger.warning("accepting a connection failed: %s", error)
+                return
+            connection.setblocking(False)
+            if connection.family in (socket.AF_INET, socket.AF_INET6):
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sniffing[connection] = self._loop.call_later(
+                SNIFF_TIMEOUT_SECONDS, self._forget, connection
+            )
+            self._loop.add_reader(connection.fileno(), self._sniff, connection)
+
+    def _sniff(self, connection: socket.socket) -> None:
+        assert self._loop is not None
+        try:
+            head = connection.recv(MAX_PEEK_BYTES if self._tls else _SNIFF_BYTES, socket.MSG_PEEK)
+        except _RETRY:
+            return
+        except OSError:
+            head = b""
+        if not head:  # closed before it said anything
+            self._forget(connection)
+            return
+        way = self._tell_tls(head) if self._tls is not None else self._tell_plain(head)
+        if way is None:
+            if self._tls is not None and len(head) >= MAX_PEEK_BYTES:
+                self._forget(connection)  # a ClientHello in records too small to fit what is peeked
+                return
+            # Too few bytes yet to tell, and peeking left them unread: look again shortly rather than spin.
+            self._loop.remove_reader(connection.fileno())
+            self._loop.call_later(0.005, self._resniff, connection)
+            return
+        self._loop.remove_reader(connection.fileno())
+        self._sniffing.pop(connection).cancel()
+        if way == "grpc":
+            self._spawn(self._relay_to_grpc(connection))
+        elif way == "http":
+            self._spawn(self._serve_http(connection))
+        else:
+            _refuse(connection, head)
+
+    @staticmethod
+    def _tell_plain(head: bytes) -> _Way | None:
+        """Where a plain-text connection goes by its first bytes (None: not known yet)."""
+        if len(head) < _SNIFF_BYTES and HTTP2_PREFACE.startswith(head):
+            return None
+        return "grpc" if head == HTTP2_PREFACE[:_SNIFF_BYTES] else "http"
+
+    @staticmethod
+    def _tell_tls(head: bytes) -> _Way | None:
+        """Where a connection to a TLS port goes by its ClientHello (None: not all of it is in yet)."""
+        try:
+            hello = read_client_hello(head)
+        except NotClientHello as error:
+            logger.debug("closing a connection to the TLS port: %s", error)
+            return "refuse"
+        if hello is None:
+            return None
+        return "grpc" if wants_grpc(hello) else "http"
+
+    def _resniff(self, connection: socket.socket) -> None:
+        if connection in self._sniffing and self._loop is not None:
+            self._loop.add_reader(connection.fileno(), self._sniff, connection)
+
+    def _forget(self, connection: socket.socket) -> None:
+        timeout = self._sniffing.pop(connection, None)
+        if timeout is not None:
+            timeout.cancel()
+        if self._loop is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(connection.fileno())
+        connection.close()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _relay_to_grpc(self, client: socket.socket) -> None:
+        assert self._loop is not None
+        # Where the gRPC face is an abstract unix name, the relayed connection is bound to one too: it
+        # costs nothing and tells the gRPC face who the client is (see client_peer).
+        name = None
+        if isinstance(self._grpc_address, str) and self._grpc_address.startswith("\0"):
+            name = f"{RELAYED_PEER_PREFIX}{peer_name(client.getpeername())}/{secrets.token_hex(4)}"
+        if self._relay_process is not None and name is not None:
+            try:
+                self._relay_process.hand_over(client, self._grpc_address[1:], name)
+                return
+            except BlockingIOError:
+                pass  # the process is behind: this one connection is relayed here
+            except OSError as error:
+                logger.warning(
+                    "relaying gRPC on the event loop from now on: the relay process is gone (%s)", error
+                )
+                self._spawn(self._relay_process.stop())
+                self._relay_process = None
+        upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
+        upstream.setblocking(False)
+        try:
+            if name is not None:
+                upstream.bind("\0" + name)
+            await self._loop.sock_connect(upstream, self._grpc_address)
+        except OSError as error:
+            logger.warning("cannot reach the gRPC face at %r: %s", self._grpc_address, error)
+            upstream.close()
+            client.close()
+            return
+        if upstream.family in (socket.AF_INET, socket.AF_INET6):
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _LoopRelay(self._loop, client, upstream, self)
+
+    async def _serve_http(self, connection: socket.socket) -> None:
+        assert self._loop is not None and self._http_protocol_factory is not None
+        try:
+            if self._tls is None:
+                await self._loop.connect_accepted_socket(self._http_protocol_factory, connection)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._http_protocol_factory,
+                    connection,
+                    ssl=self._tls,
+                    ssl_handshake_timeout=SNIFF_TIMEOUT_SECONDS,
+                )
+        except OSError as error:  # ssl.SSLError too: a failed handshake is the client's to report
+            if self._tls is not None:
+                logger.debug("TLS handshake of a REST connection failed: %s", error)
+            connection.close()
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            if self._loop is not None:
+                with contextlib.suppress(ValueError, OSError):
+                    self._loop.remove_reader(listener.fileno())
+            listener.close()
+        self._listeners = []
+
+    def close(self) -> None:
+        """Stop accepting connections (those open go on)."""
+        self._close_listeners()
+
+    async def stop(self) -> None:
+        """Stop accepting, then close every connection relayed or still being told apart."""
+        self._close_listeners()
+        for task in list(self._tasks):
+            task.cancel()
+        for relay in list(self.relays):
+            relay.close()
+        for connection in list(self._sniffing):
+            self._forget(connection)
+        relay_process, self._relay_process = self._relay_process, None
+        if relay_process is not None:
+            await relay_process.stop()
+
+
+def _refuse(connection: socket.socket, head: bytes) -> None:
+    """Close a connection to a TLS port that did not open with a ClientHello; first answer ``400`` if it
+    looks like a plain-text HTTP request (Go's servers do the same), so that its client learns why."""
+    with contextlib.suppress(OSError):
+        # Read what was peeked: closing a socket with unread bytes resets it, and the reset could overtake
+        # the answer.
+        connection.recv(len(head))
+        if head[:1].isalpha():  # a method (GET, PUT, ...), or HTTP/2's PRI; a TLS record starts with 22
+            connection.send(PLAIN_TEXT_ON_TLS_ANSWER)
+        connection.shutdown(socket.SHUT_WR)
+    connection.close()
+
+
+def _is_windows() -> bool:
+    return sys.platform == "win32"

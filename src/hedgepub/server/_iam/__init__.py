@@ -1,0 +1,1 @@
+"""hedgepub.server._iam.iam."""

@@ -1,0 +1,635 @@
+"""Delivery: one subscription's state machine (ready, leased, ordering, dead-letter) and the lease timer.
+
+All of it runs on one event loop and is driven by an injected clock; nothing here touches gRPC or writes
+to the store. The core (:mod:`._core`) writes to the store and calls in here; a subscription reads its
+backlog from the store only through the page source it is given.
+
+- A subscription holds a bounded window of its backlog in memory (``window`` ready messages, those
+  waiting behind their ordering key included) and reads the rest in pages as the window drains, so its
+  memory follows the window and its leases, not the backlog (see :class:`SubscriptionState`).
+- A response holds at most :data:`MAX_MESSAGES_PER_RESPONSE` messages and :data:`MAX_RESPONSE_BYTES`
+  (under the official clients' 4 MiB); a single larger message goes alone.
+
+- Each subscription has a ``ready`` queue. Delivering a message leases it under a fresh ack ID until a
+  deadline; acknowledging drops it, a modify-deadline of 0 (nack) or the deadline passing puts it back
+  at the front of ``ready``. Deadlines are kept in one heap for all subscriptions (:class:`Leasing`) and
+  expired by a timer on the clock, so a lease runs out even when nobody pulls.
+- With message ordering, only the oldest unacknowledged message of each ordering key is ever ready or
+  leased; the next one of that key becomes ready when it is acknowledged.
+- With a retry policy, a message whose lease ended unacknowledged (nack or deadline) waits
+  :func:`retry_delay` before it is ready again ("backing off"); without one it is ready at once.
+- With a dead-letter policy, ``delivery_attempt`` is counted. When a message that has been delivered
+  ``max_delivery_attempts`` times is nacked or its deadline passes, it is handed to the dead-letter hook
+  (the core forwards it in the background) and is neither ready nor leased until that finishes. Every
+  delivery that ends unacknowledged goes to the attempts hook, which the core records in the store, and a
+  page read from the store takes its messages' recorded counts back: the count survives a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from google.pubsub_v1.types import pubsub as pubsub_types
+
+from hedgepub._clock import Clock, TimerHandle
+from hedgepub.server._pubsub.filters import compile_filter
+from hedgepub.server._pubsub.limits import seconds
+
+PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
+ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
+
+#: Largest batch handed out at once (one Pull response or one StreamingPull response).
+MAX_MESSAGES_PER_RESPONSE = 1000
+#: Largest Pull or StreamingPull response, in bytes: the official clients refuse responses over 4 MiB on
+#: the plain channel they open for ``PUBSUB_EMULATOR_HOST``. Each message is counted with its ack ID and
+#: an upper bound of its framing (``_FRAMING_BYTES``); the 64 KiB left over cover the response's other
+#: fields with room to spare. A single message larger than this still goes, alone in its response.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
+#: Field tags and length prefixes around one message in a response (ReceivedMessage, its message field and
+#: delivery_attempt): 1 + 3 + 1 + 1 + 1 + 3 + 6 bytes at most for a message under 2 MiB; 16 rounds it up.
+_FRAMING_BYTES = 16
+#: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
+DEFAULT_WINDOW = 500
+
+
+class Consumer:
+    """Who receives a delivery: a Pull call or a StreamingPull stream, with its flow-control window."""
+
+    __slots__ = (
+        "ack_deadline",
+        "closed",
+        "confirmations",
+        "max_bytes",
+        "max_messages",
+        "outstanding_bytes",
+        "outstanding_messages",
+    )
+
+    def __init__(self, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0) -> None:
+        self.ack_deadline = ack_deadline
+        self.max_messages = max_messages  # 0: no limit
+        self.max_bytes = max_bytes  # 0: no limit
+        self.outstanding_messages = 0
+        self.outstanding_bytes = 0
+        self.closed = False
+        #: What a stream owes its client besides messages (exactly-once confirmations of its acks and
+        #: modacks, kept by the service layer); ``None`` when nothing.
+        self.confirmations: Any = None
+
+    def room(self) -> int:
+        """How many more messages this consumer may hold now (a large number when unlimited)."""
+        if self.max_bytes and self.outstanding_bytes >= self.max_bytes:
+            return 0
+        if self.max_messages:
+            return max(0, self.max_messages - self.outstanding_messages)
+        return MAX_MESSAGES_PER_RESPONSE
+
+
+class Pending:
+    """One message waiting on one subscription."""
+
+    __slots__ = ("attempts", "message", "sequence", "size")
+
+    def __init__(self, sequence: int, message: Any) -> None:
+        self.sequence = sequence
+        self.message = message
+        self.attempts = 0
+        self.size = message.ByteSize()
+
+
+class Lease:
+    """A delivered, unacknowledged message: who holds it and until when."""
+
+    __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
+
+    def __init__(
+        self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: SubscriptionState
+    ) -> None:
+        self.ack_id = ack_id
+        self.state = state
+        self.pending = pending
+        self.consumer = consumer
+        self.deadline = deadline
+        self.active = True
+        self.entry = -1  # serial of its current entry in the deadline heap; older entries are stale
+
+
+#: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
+#: (600 s over a minimum of 1 ns needs 2**40), and the float stays finite.
+_MAX_BACKOFF_DOUBLINGS = 64
+
+
+def retry_delay(policy: Any | None, attempts: int) -> float:
+    """Seconds a message waits before it is delivered again, after its ``attempts``-th delivery ended
+    unacknowledged: ``min(maximum_backoff, minimum_backoff * 2**(attempts - 1))``; 0 without a policy.
+
+    Exponential from the minimum, doubling per delivery and capped at the maximum: the first retry waits
+    the minimum, as the real service's documentation of the policy says, and a message that keeps
+    failing settles at the maximum.
+    """
+    if policy is None:
+        return 0.0
+    minimum = seconds(policy.minimum_backoff)
+    maximum = seconds(policy.maximum_backoff)
+    doublings = min(max(attempts - 1, 0), _MAX_BACKOFF_DOUBLINGS)
+    return min(maximum, minimum * 2.0**doublings)
+
+
+#: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
+DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
+#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
+DiscardHook = Callable[["SubscriptionState", list[int]], None]
+#: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
+PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
+#: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
+#: deadline), with the message's count of deliveries so far.
+AttemptsHook = Callable[["SubscriptionState", Pending], None]
+#: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
+AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
+
+
+class Leasing:
+    """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        dead_letter: DeadLetterHook,
+        discard: DiscardHook,
+        attempted: AttemptsHook | None = None,
+    ) -> None:
+        self.clock = clock
+        self.dead_letter = dead_letter
+        self.discard = discard
+        self.attempted = attempted
+        # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
+        self._ack_prefix = os.urandom(4).hex()
+        self._ack_counter = itertools.count(1)
+        self._deadlines: list[tuple[float, int, Lease]] = []
+        self._heap_counter = itertools.count()
+        self._timer: TimerHandle | None = None
+        self._timer_at = float("inf")
+        #: Leases not yet ended, across subscriptions; the heap is compacted when most entries are stale.
+        self.live = 0
+
+    def new_ack_id(self) -> str:
+        """A fresh ack ID, unique in this process and unlike any of an earlier process."""
+        return f"{self._ack_prefix}-{next(self._ack_counter)}"
+
+    def watch(self, lease: Lease) -> None:
+        """Expire ``lease`` at its current deadline unless it ends or changes before."""
+        heap = self._deadlines
+        lease.entry = serial = next(self._heap_counter)
+        heapq.heappush(heap, (lease.deadline, serial, lease))
+        # An acknowledged lease, or a deadline a ModifyAckDeadline replaced, leaves a stale entry until its
+        # old deadline passes; a modack loop would grow the heap without bound. Rebuilding it once stale
+        # entries outnumber live leases keeps it within twice the live leases, at O(1) amortized cost.
+        if len(heap) > 2 * self.live + 1024:
+            self._deadlines = [entry for entry in heap if entry[2].active and entry[2].entry == entry[1]]
+            heapq.heapify(self._deadlines)
+
+    def heap_size(self) -> int:
+        """Entries in the lease-deadline heap, stale ones included (for tests of its compaction)."""
+        return len(self._deadlines)
+
+    def schedule(self, deadline: float) -> None:
+        """Make sure the timer runs no later than ``deadline``."""
+        if deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        # A hair late, so that every lease due at ``deadline`` has passed when the timer runs.
+        self._timer = self.clock.call_later(deadline - self.clock.now() + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        """Timer: put every lease whose deadline has passed back up for delivery."""
+        self._timer = None
+        self._timer_at = float("inf")
+        now = self.clock.now()
+        heap = self._deadlines
+        touched: set[SubscriptionState] = set()
+        while heap and heap[0][0] <= now:
+            _, serial, lease = heapq.heappop(heap)
+            if not lease.active or lease.entry != serial:
+                continue
+            lease.state.nack(lease)
+            touched.add(lease.state)
+        for state in touched:
+            state.notify()
+        # Drop stale heap entries at the top so the next timer is not set for nothing.
+        while heap and (not heap[0][2].active or heap[0][2].entry != heap[0][1]):
+            heapq.heappop(heap)
+        if heap:
+            self.schedule(heap[0][0])
+
+    def clear(self) -> None:
+        """Forget every deadline (everything was deleted)."""
+        self._deadlines.clear()
+        self.live = 0
+
+    def close(self) -> None:
+        """Stop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class SubscriptionState:
+    """Live delivery state of one subscription: a bounded window of its backlog, and its leases.
+
+    Only up to ``window`` ready messages (those waiting behind their ordering key included) are held in
+    memory; the rest of the backlog stays in the store and is read in pages (``pages``) as the window
+    empties. ``cursor`` is the highest sequence read so far: every message of the backlog at or below it is
+    in memory (ready, waiting, leased or being forwarded), and ``more`` says whether the store may hold
+    some above it. Newly published messages join the window directly while it has room and nothing is
+    left in the store before them.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        leasing: Leasing,
+        pages: PageSource | None = None,
+        window: int = DEFAULT_WINDOW,
+        attempts: AttemptsSource | None = None,
+    ) -> None:
+        self.config = config
+        #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
+        self.matches = compile_filter(config.filter)
+        self._leasing = leasing
+        self._pages = pages
+        self._attempts = attempts
+        self.window = window
+        self.ready: deque[Pending] = deque()
+        self.leases: dict[str, Lease] = {}
+        #: ordering key -> messages of that key waiting behind the one ready or leased.
+        self.key_backlog: dict[str, deque[Pending]] = {}
+        self._waiting = 0  # messages in key_backlog
+        self._waiters: set[asyncio.Future[None]] = set()
+        #: messages on their way to the dead-letter topic: neither ready nor leased, not yet acknowledged.
+        self.forwarding: set[Pending] = set()
+        #: messages waiting out their retry back-off, each with the timer that makes it ready again.
+        self.backing_off: dict[Pending, TimerHandle] = {}
+        self.deleted = False
+        self.cursor = 0
+        self.more = pages is not None
+        #: sequences leased before a restart (exactly-once) and restored as leases: a refill skips them.
+        self.restored: set[int] = set()
+
+    @property
+    def name(self) -> str:
+        """The subscription's full name."""
+        return self.config.name
+
+    @property
+    def ordered(self) -> bool:
+        """Whether message ordering is on."""
+        return self.config.enable_message_ordering
+
+    @property
+    def retry_policy(self) -> Any | None:
+        """The retry policy, or ``None`` (redeliver at once)."""
+        config = self.config
+        return config.retry_policy if config.HasField("retry_policy") else None
+
+    @property
+    def dead_letter_policy(self) -> Any | None:
+        """The dead-letter policy, or ``None``."""
+        config = self.config
+        return config.dead_letter_policy if config.HasField("dead_letter_policy") else None
+
+    def notify(self) -> None:
+        """Wake every consumer waiting on this subscription (they re-check what they can take)."""
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_changed(self, timeout: float | None = None) -> bool:
+        """Wait for the next :meth:`notify`; False if ``timeout`` seconds passed first.
+
+        The waiter is registered before this coroutine first yields, so a caller that found nothing to
+        take and then awaits this cannot miss a notify in between. (``wait_for(event.wait(), t)`` could:
+        before Python 3.12 it runs ``event.wait()`` in a new task, one loop step later, and a message
+        arriving in that step left a Pull asleep for its whole wait.)
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+        return True
+
+    def held(self) -> int:
+        """Messages of the window in memory: ready, or waiting behind their ordering key."""
+        return len(self.ready) + self._waiting
+
+    def _place(self, pending: Pending) -> None:
+        if self.ordered:
+            key = pending.message.ordering_key
+            if key:
+                waiting = self.key_backlog.get(key)
+                if waiting is not None:
+                    waiting.append(pending)
+                    self._waiting += 1
+                    return
+                self.key_backlog[key] = deque()
+        self.ready.append(pending)
+
+    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
+        """Newly published messages, already durable: into the window if they fit, else left in the store.
+
+        Returns the sequences the filter refused: the caller acknowledges those in the store, since to the
+        subscription they are acknowledged at publish time, as the real service does, and never delivered.
+        """
+        refused: list[int] = []
+        if self.config.filter:
+            matches = self.matches
+            kept = []
+            for record in records:
+                if matches(record[1].attributes):
+                    kept.append(record)
+                else:
+                    refused.append(record[0])
+            records = kept
+        if not self.more:
+            window, cursor = self.window, self.cursor
+            for sequence, message in records:
+                if sequence <= cursor:
+                    continue  # already read from the store by a refill
+                if self.held() >= window:
+                    self.more = True
+                    break
+                self._place(Pending(sequence, message))
+                cursor = sequence
+            self.cursor = cursor
+        if records:
+            self.notify()
+        return refused
+
+    def refill(self) -> bool:
+        """Read the next page of the backlog from the store into the window; whether anything came."""
+        room = self.window - self.held()
+        if not self.more or room <= 0 or self._pages is None:
+            return False
+        page = self._pages(self.name, self.cursor, room)
+        # Counts recorded before a restart (or before a Seek dropped what memory held), on a subscription
+        # that counts: one more read per page, over the references the page just came from.
+        counts: Mapping[int, int] = {}
+        if page and self._attempts is not None and self.config.HasField("dead_letter_policy"):
+            counts = self._attempts(self.name, self.cursor, page[-1][0])
+        refused: list[int] = []
+        filtered = bool(self.config.filter)
+        restored = self.restored
+        for sequence, message in page:
+            self.cursor = sequence
+            if restored and sequence in restored:
+                restored.discard(sequence)  # already in memory, under its restored lease
+                continue
+            if filtered and not self.matches(message.attributes):
+                refused.append(sequence)
+            else:
+                pending = Pending(sequence, message)
+                if counts:
+                    pending.attempts = counts.get(sequence, 0)
+                self._place(pending)
+        if refused:
+            self._leasing.discard(self, refused)
+        self.more = len(page) >= room
+        return bool(page)
+
+    def finished(self, pending: Pending) -> None:
+        """A message left the subscription for good: release the next one of its ordering key."""
+        if not self.ordered:
+            return
+        key = pending.message.ordering_key
+        if not key:
+            return
+        waiting = self.key_backlog.get(key)
+        if waiting is None:
+            return
+        if waiting:
+            self.ready.append(waiting.popleft())
+            self._waiting -= 1
+        else:
+            del self.key_backlog[key]
+
+    def backlog_size(self) -> int:
+        """Messages in memory not yet acknowledged: ready, leased, backing off, waiting behind their key, or
+        being forwarded. Messages still only in the store (``more``) are not counted.
+        """
+        return (
+            len(self.ready) + len(self.leases) + len(self.forwarding) + len(self.backing_off) + self._waiting
+        )
+
+    # ------------------------------------------------------------- leasing
+    def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
+        """Lease up to ``max_messages`` ready messages to ``consumer``, within one response's size.
+
+        Returns the ``ReceivedMessage`` list and the sequences found past retention (published before
+        ``oldest_kept``, in seconds since the epoch), which the caller acknowledges in the store.
+        """
+        ready = self.ready
+        while not ready:
+            if not self.refill():
+                return [], []
+        leasing = self._leasing
+        counted = self.config.HasField("dead_letter_policy")
+        deadline = leasing.clock.now() + consumer.ack_deadline
+        out: list[Any] = []
+        expired: list[int] = []
+        total_bytes = 0
+        limit = min(max_messages, consumer.room())
+        while len(out) < limit:
+            while not ready:
+                if not self.refill():
+                    break
+            if not ready:
+                break
+            pending = ready[0]
+            if pending.message.publish_time.seconds < oldest_kept:
+                ready.popleft()
+                expired.append(pending.sequence)
+                self.finished(pending)
+                continue
+            ack_id = leasing.new_ack_id()
+            size = pending.size + len(ack_id) + _FRAMING_BYTES
+            if out and total_bytes + size > MAX_RESPONSE_BYTES:
+                break
+            ready.popleft()
+            pending.attempts += 1
+            lease = Lease(ack_id, pending, consumer, deadline, self)
+            self.leases[ack_id] = lease
+            leasing.live += 1
+            consumer.outstanding_messages += 1
+            consumer.outstanding_bytes += pending.size
+            total_bytes += size
+            leasing.watch(lease)
+            out.append(
+                ReceivedMessage(
+                    ack_id=ack_id,
+                    message=pending.message,
+                    delivery_attempt=pending.attempts if counted else 0,
+                )
+            )
+            if consumer.max_bytes and consumer.outstanding_bytes >= consumer.max_bytes:
+                break
+        if out:
+            leasing.schedule(deadline)
+        return out, expired
+
+    def restore_lease(
+        self, sequence: int, message: Any, ack_id: str, remaining: float, attempts: int = 1
+    ) -> None:
+        """Exactly-once, after a restart: a lease granted before it, still valid for ``remaining`` seconds,
+        holds again under the same ack ID (so it can be acknowledged, and is not delivered meanwhile).
+        ``attempts``: the deliveries of the message so far, this lease's included."""
+        leasing = self._leasing
+        pending = Pending(sequence, message)
+        pending.attempts = attempts
+        consumer = Consumer(remaining)
+        consumer.closed = True  # nobody is receiving through it; it only carries the flow counters
+        consumer.outstanding_messages = 1
+        consumer.outstanding_bytes = pending.size
+        lease = Lease(ack_id, pending, consumer, leasing.clock.now() + remaining, self)
+        self.leases[ack_id] = lease
+        leasing.live += 1
+        leasing.watch(lease)
+        leasing.schedule(lease.deadline)
+        self.restored.add(sequence)
+
+    def _release_flow(self, lease: Lease) -> None:
+        lease.active = False
+        self._leasing.live -= 1
+        consumer = lease.consumer
+        consumer.outstanding_messages -= 1
+        consumer.outstanding_bytes -= lease.pending.size
+
+    def acknowledge(self, ack_ids: Iterable[str]) -> list[int]:
+        """End the leases of ``ack_ids`` (unknown ones are ignored); the sequences acknowledged."""
+        done: list[int] = []
+        leases = self.leases
+        for ack_id in ack_ids:
+            lease = leases.pop(ack_id, None)
+            if lease is None:
+                continue
+            self._release_flow(lease)
+            done.append(lease.pending.sequence)
+            self.finished(lease.pending)
+        if done:
+            self.notify()
+        return done
+
+    def nack(self, lease: Lease) -> None:
+        """A lease ended unacknowledged (nack or deadline): redeliver, or dead-letter if attempts ran out."""
+        del self.leases[lease.ack_id]
+        self._release_flow(lease)
+        pending = lease.pending
+        policy = self.dead_letter_policy
+        if policy is not None and self._leasing.attempted is not None:
+            self._leasing.attempted(self, pending)
+        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
+            self.forwarding.add(pending)
+            self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+            return
+        delay = retry_delay(self.retry_policy, pending.attempts)
+        if delay > 0:
+            self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
+        else:
+            self.ready.appendleft(pending)
+
+    def _retry(self, pending: Pending) -> None:
+        """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""
+        if self.backing_off.pop(pending, None) is None or self.deleted:
+            return
+        self.ready.appendleft(pending)
+        self.notify()
+
+    def modify(self, ack_ids: Iterable[str], seconds: int) -> None:
+        """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now."""
+        leasing = self._leasing
+        now = leasing.clock.now()
+        nacked = False
+        for ack_id in ack_ids:
+            lease = self.leases.get(ack_id)
+            if lease is None:
+                continue
+            if seconds == 0:
+                self.nack(lease)
+                nacked = True
+            else:
+                lease.deadline = now + seconds
+                leasing.watch(lease)
+                leasing.schedule(lease.deadline)
+        if nacked:
+            self.notify()
+
+    def forwarded(self, pending: Pending, ok: bool) -> None:
+        """The dead-letter forwarding of ``pending`` ended: gone for good if ``ok``, else ready again."""
+        self.forwarding.discard(pending)
+        if self.deleted:
+            return
+        if ok:
+            self.finished(pending)
+        else:
+            self.ready.appendleft(pending)
+        self.notify()
+
+    def drain(self) -> list[Pending]:
+        """Drop every message the subscription holds (detach, delete); returns those dropped."""
+        dropped = list(self.ready)
+        for lease in self.leases.values():
+            self._release_flow(lease)
+            dropped.append(lease.pending)
+        for waiting in self.key_backlog.values():
+            dropped.extend(waiting)
+        for pending, timer in self.backing_off.items():
+            timer.cancel()
+            dropped.append(pending)
+        self.backing_off.clear()
+        self.ready.clear()
+        self.leases.clear()
+        self.key_backlog.clear()
+        self._waiting = 0
+        return dropped
+
+    def reset(self) -> None:
+        """A Seek rewrote the backlog in the store: drop what memory holds (leases included, so their ack
+        IDs stop counting) and read the backlog again from its start."""
+        self.drain()
+        self.restored.clear()
+        self.cursor = 0
+        self.more = self._pages is not None
+        self.notify()
+
+    def close(self) -> None:
+        """The subscription is gone (or the server stops): wake its consumers for good."""
+        self.deleted = True
+        for timer in self.backing_off.values():
+            timer.cancel()
+        self.notify()
+
+
+def dead_letter_copy(subscription: str, pending: Pending) -> Any:
+    """The message as forwarded to a dead-letter topic, with the attributes the real service adds."""
+    message = pending.message
+    copy = PubsubMessage()
+    copy.data = message.data
+    copy.attributes.update(message.attributes)
+    copy.ordering_key = message.ordering_key
+    project, _, subscription_id = subscription.split("/", 3)[1:]
+    copy.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] = str(pending.attempts)
+    copy.attributes["CloudPubSubDeadLetterSourceSubscription"] = subscription_id
+    copy.attributes["CloudPubSubDeadLetterSourceSubscriptionProject"] = project
+    copy.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"] = message.publish_time.ToJsonString()
+    return copy
