@@ -15,10 +15,13 @@ from hedgepub.bench._experiment import (
     DEFAULT_STALL,
     SCENARIOS,
     BenchConfig,
+    BenchInterrupted,
     BenchProgress,
     BenchRun,
     PublisherSpec,
+    RemoteTarget,
     run_bench,
+    run_remote_bench,
 )
 from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_latency_cdf
 from hedgepub.bench._report import (
@@ -42,11 +45,13 @@ __all__ = [
     "SCENARIOS",
     "AdminClient",
     "BenchConfig",
+    "BenchInterrupted",
     "BenchProgress",
     "BenchRun",
     "LatencyRecorder",
     "PublisherResult",
     "PublisherSpec",
+    "RemoteTarget",
     "arrival_times",
     "build_table",
     "default_project",
@@ -58,5 +63,6 @@ __all__ = [
     "resource_path",
     "results_document",
     "run_bench",
+    "run_remote_bench",
     "write_results_json",
 ]
