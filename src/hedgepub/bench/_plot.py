@@ -226,3 +226,67 @@ def plot_latency_cdf(
     finally:
         plt.close(figure)
     return path
+
+
+def plot_frontier(
+    predictions: Sequence[Any],
+    path: str | Path,
+    *,
+    recommended: str | None = None,
+    measured_p99_ms: float | None = None,
+    title: str = "Predicted p99 publish latency against extra RPCs",
+    subtitle: str | None = None,
+) -> Path:
+    """Plot ``hedgepub advise``'s predictions: extra RPCs per publish (x) against predicted p99 (y).
+
+    Fixed delays are circles, adaptive ones triangles; the frontier (no other setting is better on both
+    axes) is joined by a line; the recommended setting is ringed and named. ``predictions`` are
+    :class:`~hedgepub.bench._advise.Prediction` objects. Returns the path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hedgepub.bench._advise import frontier
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(8.5, 5.5), dpi=_DPI)
+    try:
+        for adaptive, marker, colour, label in (
+            (False, "o", "#1f77b4", "fixed delay"),
+            (True, "^", "#2ca02c", "adaptive delay"),
+        ):
+            chosen = [
+                p for p in predictions if p.delay.startswith("adaptive") == adaptive and p.name != "unhedged"
+            ]
+            if chosen:
+                axes.scatter(
+                    [p.extra_rpcs * 100 for p in chosen], [p.p99_ms for p in chosen], marker=marker,
+                    color=colour, alpha=0.55, s=28, label=label, zorder=3,
+                )  # fmt: skip
+        for p in predictions:
+            if p.name == "unhedged":
+                axes.scatter([0], [p.p99_ms], marker="s", color=_COLOURS["unhedged"], s=50, zorder=4,
+                             label="unhedged")  # fmt: skip
+        best = frontier(predictions)
+        axes.plot([p.extra_rpcs * 100 for p in best], [p.p99_ms for p in best], color="0.3", linewidth=1.2,
+                  linestyle="--", label="frontier", zorder=2)  # fmt: skip
+        if measured_p99_ms is not None:
+            axes.axhline(measured_p99_ms, color=_COLOURS["unhedged"], linewidth=0.8, alpha=0.6)
+        for p in predictions:
+            if p.name == recommended:
+                axes.scatter([p.extra_rpcs * 100], [p.p99_ms], s=180, facecolors="none", edgecolors="black",
+                             linewidths=1.6, zorder=5, label=f"recommended: {p.name}")  # fmt: skip
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda ms, _: f"{ms:g} ms"))
+        axes.set_xlabel("extra RPCs per publish (%)")
+        axes.set_ylabel("predicted p99 latency (log scale)")
+        axes.grid(True, which="major", alpha=0.35)
+        axes.legend(loc="upper right", fontsize=8)
+        _titles(figure, title, subtitle)
+        figure.savefig(path, format="png")
+    finally:
+        plt.close(figure)
+    return path
