@@ -262,7 +262,7 @@ _LITERAL_PIECES = st.sampled_from(
 @settings(max_examples=1000 * SCALE, deadline=None)
 @given(st.lists(_LITERAL_PIECES, max_size=30).map("".join), st.sampled_from(['"', "'"]))
 def test_any_string_literal_parses_or_is_invalid_argument(body: str, quote: str) -> None:
-    """Escapes cut short (``\\x0``, ``\\u12``), out of range or unknown are INVALID_ARGUMENT, never a crash."""
+    """Escapes cut short (``\\x0``, ``\\u12``), out of range or unknown: INVALID_ARGUMENT, never a crash."""
     for text in (f"attributes.a = {quote}{body}{quote}", f"hasPrefix(attributes.{quote}{body}{quote}, 'x')"):
         try:
             predicate = compile_filter(text)

@@ -306,7 +306,7 @@ def test_a_redirect_is_not_followed_and_not_an_acknowledgement(
     subscriber: pubsub_v1.SubscriberClient,
     push_endpoint: Any,
 ) -> None:
-    """Only 102/200/201/202/204 acknowledge: a 302 to a page that answers 200 is a nack, and no GET follows."""
+    """Only 102/200/201/202/204 acknowledge: a 302 to a page answering 200 is a nack; no GET follows."""
     publisher.create_topic(name=TOPIC)
     push_endpoint.status = 302
     push_endpoint.location = push_endpoint.url.replace("/push", "/landed")

@@ -19,7 +19,6 @@ from hedgepub.server._pubsub.limits import ServiceError, invalid
 MAX_JSON_DEPTH = 100
 
 
-
 def value_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
     """How deeply a parsed JSON value's lists and dicts nest (0 for a scalar), counted up to ``limit + 1``;
     a loop over the containers, no recursion."""
