@@ -174,10 +174,10 @@ def test_hedgepubs_own_opentelemetry_metrics(tmp_path: Path) -> None:
     # the buckets an application gives the latency histogram (the SDK's defaults are for milliseconds)
     bounds = [0.001 * 2**power for power in range(14)]
     reader = InMemoryMetricReader()
-    provider = MeterProvider(
-        metric_readers=[reader],
-        views=[View(instrument_name="hedgepub.publish.latency", aggregation=ExplicitBucketHistogramAggregation(bounds))],
-    )  # fmt: skip
+    view = View(
+        instrument_name="hedgepub.publish.latency", aggregation=ExplicitBucketHistogramAggregation(bounds)
+    )
+    provider = MeterProvider(metric_readers=[reader], views=[view])
     transport = ScriptedTransport()
     transport.script.extend([transport.ok(delay=0.005)] * 95 + [transport.ok(delay=0.3)] * 5)
 
@@ -260,7 +260,9 @@ def test_the_advise_command_prints_the_frontier_and_code_and_writes_files(
     samples = _go_mix(800)
     csv_path.write_text(
         "sent_at_s,latency_ms\n"
-        + "".join(f"{t},{lat * 1000}\n" for t, lat in zip(samples.sent_at_s or (), samples.latencies_s))
+        + "".join(
+            f"{t},{lat * 1000}\n" for t, lat in zip(samples.sent_at_s or (), samples.latencies_s, strict=True)
+        )
     )
     out = tmp_path / "advice"
     result = hedgepub_cli(
