@@ -25,6 +25,7 @@ from hedgepub.cli._exit import EXIT_MISSING_EXTRA, exit_codes_help
 _COMMANDS: dict[str, str] = {
     "serve": "hedgepub.cli._serve:serve",
     "bench": "hedgepub.cli._bench:bench",
+    "advise": "hedgepub.cli._advise:advise_command",
     "topics": "hedgepub.cli._admin:topics",
     "subscriptions": "hedgepub.cli._admin:subscriptions",
     "publish": "hedgepub.cli._admin:publish",
