@@ -8,7 +8,7 @@ in extras; their packages check at import that the extra is there, so that a mis
 extra         what needs it                               modules it brings
 ============  ==========================================  ==============================================
 ``server``    ``hedgepub serve``, ``hedgepub.server``     lark, fastavro, grpc_tools, aiohttp, cryptography
-``bench``     ``hedgepub bench``, ``hedgepub.bench``      the ``server`` extra's, rich, matplotlib
+``bench``     ``hedgepub bench``, ``hedgepub advise``     the ``server`` extra's, rich, matplotlib
 ``otel``      ``enable_open_telemetry=True``              opentelemetry (the API)
 ``all``       all of the above
 ============  ==========================================  ==============================================

@@ -89,7 +89,7 @@ def test_the_toolbox_publishes_without_any_extra(pubsub_server) -> None:
     assert [m.data for m in pubsub_server.messages("projects/local-project/topics/base")] == [b"hello"]
 
 
-@pytest.mark.parametrize(("command", "extra"), [("serve", "server"), ("bench", "bench")])
+@pytest.mark.parametrize(("command", "extra"), [("serve", "server"), ("bench", "bench"), ("advise", "bench")])
 def test_a_command_without_its_extra_says_which_to_install(command: str, extra: str) -> None:
     cli = _REFUSE + "from hedgepub.cli import main; main(prog_name='hedgepub')"
     completed = _python(cli, command, "--port", "0")

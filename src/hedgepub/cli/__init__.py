@@ -32,7 +32,7 @@ _COMMANDS: dict[str, str] = {
     "pull": "hedgepub.cli._admin:pull",
 }
 # command name -> the extra it needs beyond the base install.
-_EXTRAS: dict[str, str] = {"serve": "server", "bench": "bench"}
+_EXTRAS: dict[str, str] = {"serve": "server", "bench": "bench", "advise": "bench"}
 
 _VERBOSITY_KEY = "hedgepub.verbosity"
 _VERBOSE_HELP = "More logging: -v for info, -vv for debug (also after the sub-command)."
