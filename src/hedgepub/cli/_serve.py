@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from hedgepub._wire import EMULATOR_HOST_ENV
 from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def serve(
             click.echo(f"endpoint=https://{server.address}")
         else:
             click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
-            click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+            click.echo(f"export {EMULATOR_HOST_ENV}={server.address}")
         sys.stdout.flush()
 
     dedup_counts: list[HedgeDedupCounts] = []
