@@ -89,6 +89,8 @@ def test_out_of_descriptors_the_front_pauses_accepting_and_logs_once(tmp_path: P
                 "--in-memory",
                 "--port",
                 "0",
+                "--relay",
+                "loop",
             ],
             stdout=subprocess.PIPE,
             stderr=log,
