@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -34,8 +33,8 @@ from server_ingest import (
     TOPIC,
     ServerProcess,
     build_request,
+    cpu_seconds,
     create_topic_and_subscriptions,
-    process_tree,
     publish_requests,
 )
 
@@ -59,23 +58,6 @@ class Sample:
     cpu_us_per_message: float | None
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of process ``pid`` and its children (the relay process), all threads, from
-    /proc; None elsewhere."""
-    total = 0.0
-    for current in process_tree(pid):
-        try:
-            with open(f"/proc/{current}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            if current == pid:
-                return None
-            continue
-        # Fields 14 and 15 of proc(5) (utime, stime), counted after the command name's closing parenthesis.
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def measure(kind: str, messages: int, publishers: int, batch: int, size: int) -> Sample:
     """Publish ``messages`` to a fresh in-memory server of ``kind`` (a key of :data:`KINDS`)."""
     rest, environment = KINDS[kind]
@@ -85,11 +67,11 @@ def measure(kind: str, messages: int, publishers: int, batch: int, size: int) ->
         assert server.process is not None
         asyncio.run(create_topic_and_subscriptions(server.address, TOPIC, [SUBSCRIPTION]))
         requests = max(1, messages // batch)
-        before = _cpu_seconds(server.process.pid)
+        before = cpu_seconds(server.process.pid)
         run = asyncio.run(
             publish_requests(server.address, requests, publishers, build_request(TOPIC, batch, size))
         )
-        after = _cpu_seconds(server.process.pid)
+        after = cpu_seconds(server.process.pid)
     finally:
         server.stop()
     if run.messages != requests * batch:

@@ -1,4 +1,4 @@
-"""Publish throughput: the local server (SQLite, memory), Google's emulator, an older hedgepub, side by side.
+"""Publish throughput: the local server (SQLite, memory), Google's emulator cold and warm, side by side.
 
 Each target runs as its own process (``hedgepub serve``, or Google's Pub/Sub emulator when it is
 installed), so the benchmark's client never shares the server's interpreter. Four concurrent raw-gRPC
@@ -6,8 +6,24 @@ publishers send Publish RPCs of 100 messages of 100 bytes (serialized once up fr
 little and the server is what is measured) to a topic with one subscription, so that every message is
 stored. Rounds alternate the order of the targets, so a busy machine hurts all alike.
 
+Targets:
+
+* ``sqlite``, ``memory``: ``hedgepub serve`` (REST on, the default), a fresh process each round;
+  ``sqlite-grpc``, ``memory-grpc``: the same with ``--no-rest`` (gRPC alone on the port);
+* ``emulator-cold``: Google's emulator, a fresh JVM each round: what its first 100,000 messages see;
+* ``emulator-warm``: one emulator for the whole run, warmed first (``--warm-messages`` messages, 100,000 by
+  default, and more until its rate is stable: the last three chunks of 20,000 within 10% of their median),
+  then measured each round on a new topic and subscription (deleted after the round, so that it does not
+  keep the messages);
+* ``baseline``: an older hedgepub on SQLite (``--baseline-src``).
+
+Each run prints messages/s and the server's CPU time per message (user + system of its process and its
+children, from /proc on Linux), which a busy machine disturbs far less than the wall clock. The summary
+gives medians with [min-max] over the rounds and the load average before and after.
+
     python benchmarks/server_ingest.py                      # 100,000 messages per target and round
     python benchmarks/server_ingest.py --messages 20000 --rounds 1 --publishers 8
+    python benchmarks/server_ingest.py --targets sqlite,memory,emulator-warm --rounds 5
     # An older hedgepub beside this one: its source tree's src/ directory, e.g. from
     #   git worktree add /tmp/old <commit>   (then --baseline-src /tmp/old/src)
     python benchmarks/server_ingest.py --baseline-src /tmp/old/src
@@ -20,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import platform
 import shutil
@@ -81,6 +98,36 @@ def process_tree(pid: int) -> list[int]:
             continue
         pending.extend(int(child) for child in children)
     return found
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of process ``pid`` and its descendants now (all threads), from /proc;
+    None where /proc is missing."""
+    total = 0.0
+    for current in process_tree(pid):
+        try:
+            with open(f"/proc/{current}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            if current == pid:
+                return None
+            continue
+        # Fields 14 and 15 of proc(5) (utime, stime), counted after the command name's closing parenthesis.
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as text ("n/a" where the platform has none)."""
+    try:
+        return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def spread(values: list[float], fmt: str = ",.0f") -> str:
+    """``median [min-max]`` of ``values``, each formatted with ``fmt``."""
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 class ServerProcess:
@@ -182,6 +229,11 @@ class ServerProcess:
                     total += int(line.split()[1]) * 1024
         return total
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server so far (its children too), or None without /proc."""
+        assert self.process is not None
+        return cpu_seconds(self.process.pid)
+
     def kill(self) -> None:
         """SIGKILL the process group (nothing gets to flush)."""
         if self.process is not None and self.process.poll() is None:
@@ -210,6 +262,10 @@ class Run:
     seconds: float
     rpc_p50_ms: float
     rpc_p99_ms: float
+    #: CPU time of the publishing process over the timed loop (its own cost, not the server's).
+    client_cpu_seconds: float = 0.0
+    #: The server's CPU time per message in microseconds over the run; None where it cannot be read.
+    server_cpu_us: float | None = None
 
     @property
     def messages_per_second(self) -> float:
@@ -254,9 +310,9 @@ async def publish_requests(address: str, requests: int, publishers: int, request
                 latencies.append(time.perf_counter() - sent)
                 acknowledged += len(PublishResponse.FromString(response).message_ids)
 
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         await asyncio.gather(*(publisher() for _ in range(publishers)))
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     latencies.sort()
     return Run(
         target="",
@@ -264,6 +320,7 @@ async def publish_requests(address: str, requests: int, publishers: int, request
         seconds=seconds,
         rpc_p50_ms=latencies[len(latencies) // 2] * 1e3,
         rpc_p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3,
+        client_cpu_seconds=cpu,
     )
 
 
@@ -274,23 +331,100 @@ def build_request(topic: str, batch: int, size: int) -> bytes:
     ).SerializeToString()
 
 
-def measure(target: str, args: argparse.Namespace) -> Run:
-    """Start a fresh ``target`` server, publish ``args.messages`` to a topic with a subscription, stop it."""
-    kind = "sqlite" if target == "baseline" else target
+#: Every target: (server kind, REST on).
+KINDS: dict[str, tuple[str, bool]] = {
+    "sqlite": ("sqlite", True),
+    "memory": ("memory", True),
+    "sqlite-grpc": ("sqlite", False),
+    "memory-grpc": ("memory", False),
+    "baseline": ("sqlite", True),
+    "emulator-cold": ("emulator", False),
+    "emulator-warm": ("emulator", False),
+}
+#: Messages per chunk while warming the emulator, and how close the last chunks' rates must be.
+WARM_CHUNK = 20_000
+WARM_STABLE = 0.10
+WARM_STABLE_CHUNKS = 3
+
+
+def publish_and_measure(
+    server: ServerProcess, topic: str, subscription: str, args: argparse.Namespace, messages: int
+) -> Run:
+    """Create ``topic`` with ``subscription`` on ``server`` and publish ``messages`` to it; the server's
+    CPU time is read before and after."""
+    asyncio.run(create_topic_and_subscriptions(server.address, topic, [subscription]))
+    requests = max(1, messages // args.batch)
+    request = build_request(topic, args.batch, args.size)
+    before = server.cpu_seconds()
+    run = asyncio.run(publish_requests(server.address, requests, args.publishers, request))
+    after = server.cpu_seconds()
+    if run.messages != requests * args.batch:
+        raise RuntimeError(f"{run.messages} messages acknowledged, expected {requests * args.batch}")
+    server_cpu = None if before is None or after is None else (after - before) / run.messages * 1e6
+    return Run(
+        "", run.messages, run.seconds, run.rpc_p50_ms, run.rpc_p99_ms, run.client_cpu_seconds, server_cpu
+    )
+
+
+async def delete_topic_and_subscription(address: str, topic: str, subscription: str) -> None:
+    """DeleteSubscription, then DeleteTopic, over raw gRPC (a long-lived server lets the messages go)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        await channel.unary_unary(
+            "/google.pubsub.v1.Subscriber/DeleteSubscription", request_serializer=_serializer
+        )(pubsub_types.DeleteSubscriptionRequest.pb()(subscription=subscription), timeout=30)
+        await channel.unary_unary("/google.pubsub.v1.Publisher/DeleteTopic", request_serializer=_serializer)(
+            pubsub_types.DeleteTopicRequest.pb()(topic=topic), timeout=30
+        )
+
+
+def warm_up(server: ServerProcess, args: argparse.Namespace) -> tuple[int, list[float], bool]:
+    """Publish to ``server`` in chunks of :data:`WARM_CHUNK` until at least ``args.warm_messages`` went and
+    the last :data:`WARM_STABLE_CHUNKS` chunks' rates lie within :data:`WARM_STABLE` of their median (at
+    most ten times ``args.warm_messages``). Returns the messages sent, each chunk's messages/s, and whether
+    the rate settled (False: it stopped at the cap)."""
+    topic, subscription = TOPIC + "-warm-up", SUBSCRIPTION + "-warm-up"
+    asyncio.run(create_topic_and_subscriptions(server.address, topic, [subscription]))
+    request = build_request(topic, args.batch, args.size)
+    sent, rates = 0, []
+    while True:
+        run = asyncio.run(
+            publish_requests(server.address, WARM_CHUNK // args.batch, args.publishers, request)
+        )
+        sent += run.messages
+        rates.append(run.messages_per_second)
+        print(
+            f"  warming the emulator: {sent:,} messages, last chunk {rates[-1]:,.0f} msg/s", file=sys.stderr
+        )
+        last = rates[-WARM_STABLE_CHUNKS:]
+        middle = statistics.median(last)
+        stable = len(last) == WARM_STABLE_CHUNKS and all(
+            abs(rate - middle) <= WARM_STABLE * middle for rate in last
+        )
+        if (sent >= args.warm_messages and stable) or sent >= 10 * args.warm_messages:
+            break
+    asyncio.run(delete_topic_and_subscription(server.address, topic, subscription))
+    return sent, rates, stable
+
+
+def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, round_number: int) -> Run:
+    """One run of ``target``: a fresh server (stopped after), or the warmed emulator ``warm`` on a topic of
+    this round's (deleted after)."""
+    if target == "emulator-warm":
+        assert warm is not None
+        topic, subscription = f"{TOPIC}-{round_number}", f"{SUBSCRIPTION}-{round_number}"
+        run = publish_and_measure(warm, topic, subscription, args, args.messages)
+        asyncio.run(delete_topic_and_subscription(warm.address, topic, subscription))
+        return Run(target, *dataclasses.astuple(run)[1:])
+    kind, rest = KINDS[target]
     source = args.baseline_src if target == "baseline" else None
     with tempfile.TemporaryDirectory(prefix="hedgepub-ingest-") as data_dir:
-        server = ServerProcess(kind, Path(data_dir), source)
+        server = ServerProcess(kind, Path(data_dir), source, rest=rest)
         server.start()
         try:
-            asyncio.run(create_topic_and_subscriptions(server.address, TOPIC, [SUBSCRIPTION]))
-            requests = max(1, args.messages // args.batch)
-            request = build_request(TOPIC, args.batch, args.size)
-            run = asyncio.run(publish_requests(server.address, requests, args.publishers, request))
+            run = publish_and_measure(server, TOPIC, SUBSCRIPTION, args, args.messages)
         finally:
             server.stop()
-    if run.messages != (max(1, args.messages // args.batch)) * args.batch:
-        raise RuntimeError(f"{target}: {run.messages} messages acknowledged, expected {args.messages}")
-    return Run(target, run.messages, run.seconds, run.rpc_p50_ms, run.rpc_p99_ms)
+    return Run(target, *dataclasses.astuple(run)[1:])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -302,52 +436,113 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=100, help="bytes per message")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every target")
     parser.add_argument(
+        "--targets",
+        default="sqlite,memory,emulator-cold,emulator-warm",
+        help=f"comma-separated, of: {', '.join(KINDS)} (baseline is added by --baseline-src)",
+    )
+    parser.add_argument(
+        "--warm-messages", type=int, default=100_000, help="messages that warm the emulator at least"
+    )
+    parser.add_argument(
         "--baseline-src", type=Path, help="the src/ directory of another hedgepub to run beside this one"
     )
     parser.add_argument("--no-emulator", action="store_true", help="leave Google's emulator out")
     args = parser.parse_args(argv)
 
-    targets = ["sqlite", "memory"]
-    if args.baseline_src is not None:
+    targets = [name for name in args.targets.split(",") if name]
+    unknown = set(targets) - set(KINDS)
+    if unknown:
+        raise SystemExit(f"unknown targets: {', '.join(sorted(unknown))}")
+    if args.baseline_src is not None and "baseline" not in targets:
         targets.append("baseline")
-    if not args.no_emulator:
-        if emulator_binary() is not None:
-            targets.append("emulator")
-        else:
+    if "baseline" in targets and args.baseline_src is None:
+        raise SystemExit("the baseline target needs --baseline-src")
+    if args.no_emulator or emulator_binary() is None:
+        if not args.no_emulator:
             print("Google's Pub/Sub emulator is not installed: skipped", file=sys.stderr)
+        targets = [name for name in targets if not name.startswith("emulator")]
 
+    load_before = load_average()
+    warm: ServerProcess | None = None
+    warm_note = ""
+    if "emulator-warm" in targets:
+        warm = ServerProcess("emulator")
+        warm.start()
+        sent, rates, stable = warm_up(warm, args)
+        settled = (
+            f"the last {WARM_STABLE_CHUNKS} within {WARM_STABLE:.0%} of their median"
+            if stable
+            else f"stopped at the cap, the last {WARM_STABLE_CHUNKS} NOT within {WARM_STABLE:.0%}"
+        )
+        warm_note = (
+            f"emulator-warm: warmed with {sent:,} messages in chunks of {WARM_CHUNK:,} (first chunk "
+            f"{rates[0]:,.0f} msg/s; {settled}: "
+            f"{', '.join(f'{rate:,.0f}' for rate in rates[-WARM_STABLE_CHUNKS:])} msg/s)"
+        )
     runs: list[Run] = []
-    for round_number in range(args.rounds):
-        # Rotate which target goes first, so that none always gets the warmer (or busier) machine.
-        shift = round_number % len(targets)
-        for target in targets[shift:] + targets[:shift]:
-            run = measure(target, args)
-            runs.append(run)
-            print(
-                f"round {round_number + 1} {target:>8}: {run.messages:,} messages in {run.seconds:.2f} s "
-                f"= {run.messages_per_second:,.0f} msg/s",
-                file=sys.stderr,
-            )
+    try:
+        for round_number in range(args.rounds):
+            # Rotate which target goes first, so that none always gets the warmer (or busier) machine.
+            shift = round_number % len(targets)
+            for target in targets[shift:] + targets[:shift]:
+                run = measure(target, args, warm, round_number)
+                runs.append(run)
+                cpu = "" if run.server_cpu_us is None else f", server CPU {run.server_cpu_us:.1f} us/msg"
+                print(
+                    f"round {round_number + 1} {target:>13}: {run.messages:,} messages in "
+                    f"{run.seconds:.2f} s = {run.messages_per_second:,.0f} msg/s{cpu}  "
+                    f"(load {load_average()})",
+                    file=sys.stderr,
+                )
+    finally:
+        if warm is not None:
+            warm.stop()
 
     print()
     print(
         f"server ingest: {args.messages:,} messages of {args.size} B per round, {args.batch} per Publish, "
         f"{args.publishers} publishers, 1 subscription, {args.rounds} round(s); "
-        f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}"
+        f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}; "
+        f"load average {load_before} before, {load_average()} after"
     )
-    header = f"{'target':<9} {'msg/s (median)':>15} {'MB/s':>7} {'RPC p50 ms':>11} {'RPC p99 ms':>11}"
+    if warm_note:
+        print(warm_note)
+    header = (
+        f"{'target':<14} {'msg/s median [min-max]':>26} {'server CPU us/msg':>22} "
+        f"{'RPC p50 ms':>11} {'RPC p99 ms':>11}"
+    )
     print(header)
     print("-" * len(header))
     medians: dict[str, float] = {}
+    cpu_medians: dict[str, float] = {}
     for target in targets:
         mine = [run for run in runs if run.target == target]
-        rate = statistics.median(run.messages_per_second for run in mine)
-        medians[target] = rate
+        rates = [run.messages_per_second for run in mine]
+        medians[target] = statistics.median(rates)
+        cpus = [run.server_cpu_us for run in mine if run.server_cpu_us is not None]
+        cpu_text = spread(cpus, ".1f") if len(cpus) == len(mine) else "n/a"
+        if cpu_text != "n/a":
+            cpu_medians[target] = statistics.median(cpus)
         p50 = statistics.median(run.rpc_p50_ms for run in mine)
         p99 = statistics.median(run.rpc_p99_ms for run in mine)
-        print(f"{target:<9} {rate:>15,.0f} {rate * args.size / 1e6:>7.2f} {p50:>11.1f} {p99:>11.1f}")
-    for other in targets[1:]:
-        print(f"ratio sqlite / {other}: {medians['sqlite'] / medians[other]:.2f}")
+        print(f"{target:<14} {spread(rates):>26} {cpu_text:>22} {p50:>11.1f} {p99:>11.1f}")
+    for first, second in (
+        ("sqlite", "emulator-warm"),
+        ("memory", "emulator-warm"),
+        ("sqlite", "emulator-cold"),
+        ("memory", "emulator-cold"),
+        ("sqlite", "baseline"),
+        ("sqlite", "memory"),
+        ("memory", "memory-grpc"),
+        ("sqlite", "sqlite-grpc"),
+    ):
+        if first in medians and second in medians:
+            by_cpu = (
+                f", {cpu_medians[second] / cpu_medians[first]:.2f}x by server CPU per message"
+                if first in cpu_medians and second in cpu_medians
+                else ""
+            )
+            print(f"ratio {first} / {second}: {medians[first] / medians[second]:.2f}x msg/s{by_cpu}")
 
 
 if __name__ == "__main__":

@@ -56,11 +56,16 @@ class PushEndpoint:
     It answers ``status`` (settable at any time: 200 to acknowledge, 500 to refuse), each answer after
     the next of ``delays`` (seconds; none once they are used up). ``check``, when set, is called with
     each request's headers first, and a status it returns is answered instead (an endpoint that checks
-    authentication answers 401 or 403).
+    authentication answers 401 or 403). ``location``, when set, is sent as a ``Location`` header (with a
+    3xx ``status``, a redirect), and ``answer_bytes`` bytes of body follow each answer (in 64 KiB chunks,
+    counted in ``answer_bytes_sent`` until the client stops reading). A GET is recorded too (answered 200).
     """
 
     def __init__(self) -> None:
         self.status = 200
+        self.location: str | None = None
+        self.answer_bytes = 0
+        self.answer_bytes_sent = 0
         self.check: Callable[[dict[str, str]], int | None] | None = None
         self.delays: list[float] = []
         self.requests: list[PushRequest] = []
@@ -84,6 +89,28 @@ class PushEndpoint:
                 if delay:
                     time.sleep(delay)  # an endpoint that is slow to answer
                 self.send_response(status)
+                if endpoint.location is not None:
+                    self.send_header("Location", endpoint.location)
+                self.send_header("Content-Length", str(endpoint.answer_bytes))
+                self.end_headers()
+                chunk = b"x" * 65536
+                left = endpoint.answer_bytes
+                try:
+                    while left > 0:
+                        size = min(left, len(chunk))
+                        self.wfile.write(chunk[:size])
+                        left -= size
+                        endpoint.answer_bytes_sent += size
+                except OSError:
+                    self.close_connection = True
+
+            def do_GET(self) -> None:
+                with endpoint._changed:
+                    endpoint.requests.append(
+                        PushRequest(self.path, dict(self.headers.items()), b"", time.monotonic(), 200)
+                    )
+                    endpoint._changed.notify_all()
+                self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -19,9 +19,10 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import RpcError, StatusCode
 from hedgepub._transport.grpc import CHANNEL_OPTIONS, ChannelTarget, resolve_endpoint
+from hedgepub._wire import EMULATOR_HOST_ENV
 
 #: Environment variable naming the emulator's ``host:port``, as for every Pub/Sub client library.
-EMULATOR_HOST_VARIABLE = "PUBSUB_EMULATOR_HOST"
+EMULATOR_HOST_VARIABLE = EMULATOR_HOST_ENV
 #: The project used when none is given and the environment names none.
 DEFAULT_PROJECT = "local-project"
 

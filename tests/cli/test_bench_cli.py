@@ -31,7 +31,13 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
     assert "fixed-100ms" in result.output and "adaptive" in result.output
 
     document = json.loads((out / "results.json").read_text())
-    assert list(document) == ["config", "results"]
+    assert list(document) == ["config", "results", "samples"]
+    # every successful publish, with its send time in the measured period, for hedgepub advise
+    for name, samples in document["samples"].items():
+        assert len(samples["latency_ms"]) == len(samples["sent_at_s"]) == 200, name
+        assert min(samples["sent_at_s"]) >= 0 and max(samples["sent_at_s"]) < 200 / 100 * 3
+    load = document["config"]["run"]["load_average"]
+    assert load is None or len(load) == 3
     config = document["config"]
     assert (config["messages"], config["rate"], config["mix"]) == (200, 100.0, "90%:1ms,10%:1s")
     assert (config["hedge_delays"], config["max_tokens"], config["warmup_publishes"]) == (
@@ -132,7 +138,9 @@ def test_the_correlated_stalls_scenario_compares_three_publishers(hedgepub_cli, 
     assert hedged["hedges_by_endpoint"] == {"primary": hedged["hedges_sent"]}
     assert cross["hedges_by_endpoint"] == {"primary": 0, "second": cross["hedges_sent"]}
     assert cross["hedges_sent"] > 0 and cross["hedges_won"] > 0
-    assert (out / "tail-latency.png").read_bytes().startswith(PNG_SIGNATURE)
+    # the scenario's own plot file: a default run into the same directory does not overwrite it
+    assert (out / "correlated-stalls.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert not (out / "tail-latency.png").exists()
     if unhedged["p50_ms"] > 50:
         pytest.skip(f"machine too busy to show the effect: unhedged p50 {unhedged['p50_ms']} ms")
     # 40% of the time the primary stalls: the hedge on the primary waits as long, the one elsewhere not.

@@ -1,7 +1,8 @@
 """The publisher clients: :class:`AsyncPublisherClient` and its synchronous facade :class:`PublisherClient`.
 
-Both build one :class:`~hedgepub._publisher.core._PublisherCore` (batching, ordering keys, flow control
-and hedging; its hot path is described there) from their settings. ``AsyncPublisherClient`` uses it on
+Both have :func:`~hedgepub._publisher.builder.build_core` build one
+:class:`~hedgepub._publisher.core._PublisherCore` (batching, ordering keys, flow control and hedging; its
+hot path is described there) from their settings. ``AsyncPublisherClient`` uses it on
 the caller's loop; ``PublisherClient`` runs it on a private event-loop thread
 (:class:`~hedgepub._publisher.loop_thread._LoopThread`) and is safe to call from any thread. A sync client is
 flushed at exit if never shut down, and made safe in a child process after ``os.fork()`` (the hook is
@@ -20,7 +21,8 @@ from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._exceptions import PublishError
-from hedgepub._publisher.core import ClientState, _PublisherCore
+from hedgepub._publisher.builder import build_core
+from hedgepub._publisher.core import ClientState
 from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
 from hedgepub._publisher.migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._publisher.stats import PublisherStats
@@ -143,7 +145,7 @@ class _ClientFacade:
             root_certificates=root_certificates,
             meter_provider=meter_provider,
         )
-        self._core = _PublisherCore(**self._core_arguments)
+        self._core = build_core(**self._core_arguments)
         self._trace_publish()
         self._start()
 
@@ -226,7 +228,7 @@ class AsyncPublisherClient(_ClientFacade):
         core.bind_running_loop()
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
         if core.flow.enabled:
-            await core.flow.acquire_async(size)
+            await core.flow.acquire_async(size, core.flush_soon)
             future = core.add_admitted(topic, data, ordering_key, message, size, framed)
         else:
             future = core.add(topic, data, ordering_key, message, size, framed)
@@ -325,7 +327,7 @@ class PublisherClient(_ClientFacade):
         reusable = core.state is ClientState.OPEN and not core.routes.connected
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
-            self._core = _PublisherCore(**self._core_arguments)
+            self._core = build_core(**self._core_arguments)
             self._trace_publish()  # spans and metrics of the child's own core
             self._start()
 
@@ -343,7 +345,7 @@ class PublisherClient(_ClientFacade):
         core = self._core
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
         if core.flow.enabled:
-            core.flow.acquire(size)
+            core.flow.acquire(size, core.flush_soon)
             return core.add_admitted(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
         return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
 

@@ -1,9 +1,12 @@
-"""The publisher's core, :class:`_PublisherCore`: batching, ordering keys, flow control and hedging.
+"""The publisher's core, :class:`_PublisherCore`: the hot path from ``publish`` to a batch on its way.
 
-There is one implementation of batching, ordering keys, flow control and hedging: :class:`_PublisherCore`,
-which runs on one asyncio event loop. The clients of :mod:`hedgepub._publisher.client` build it:
-``AsyncPublisherClient`` uses it on the caller's loop; ``PublisherClient`` runs it on a private event-loop
-thread (:mod:`hedgepub._publisher.loop_thread`) and is safe to call from any thread.
+The core appends messages to open batches, seals them and hands them to the sender; it runs on one asyncio
+event loop. It is built, with every part it uses, by :func:`hedgepub._publisher.builder.build_core`:
+messages are checked by :mod:`.messages`, ordering keys sequenced by :mod:`.sequencer`, batches sent
+through the hedging engine by :mod:`.sender`, and each finished batch reported once to the observer of
+:mod:`.observer` (stats, endpoints, telemetry). ``AsyncPublisherClient`` uses the core on the caller's
+loop; ``PublisherClient`` runs it on a private event-loop thread (:mod:`hedgepub._publisher.loop_thread`)
+and is safe to call from any thread.
 
 The hot path is built for throughput:
 
@@ -18,7 +21,7 @@ The hot path is built for throughput:
   most one ``call_soon_threadsafe`` wake-up pending at a time however many batches are waiting;
 * a batch's futures are resolved together (see :mod:`hedgepub._publisher.futures`).
 
-Each sealed batch becomes one task that runs the Publish RPC through the hedging engine
+Each sealed batch becomes one task that the sender runs through the hedging engine
 (:func:`hedgepub._hedging.engine.run_batch`): retries, back-off, deadlines and hedges all come from there.
 """
 
@@ -30,43 +33,26 @@ import enum
 import itertools
 import logging
 import threading
-import uuid
-import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock, TimerHandle
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
-from hedgepub._hedging.bucket import TokenBucket
-from hedgepub._hedging.delay import AdaptiveDelayEstimator
-from hedgepub._hedging.engine import BatchOutcome, run_batch
-from hedgepub._publisher.batch import Batch, BatchState, field_size, request_overhead, varint_size
+from hedgepub._hedging.budget import HedgingBudget
+from hedgepub._publisher.batch import Batch, BatchState
 from hedgepub._publisher.flow_control import FlowController
 from hedgepub._publisher.futures import BatchFuture, resolve_batch
-from hedgepub._publisher.routes import EndpointRoutes, check_hedge_endpoints
+from hedgepub._publisher.messages import MessagePreparer
+from hedgepub._publisher.observer import BatchObserver
+from hedgepub._publisher.routes import EndpointRoutes
+from hedgepub._publisher.sender import AttemptCounts, BatchSender
+from hedgepub._publisher.sequencer import OrderingSequencer
 from hedgepub._publisher.stats import PublisherStats, StatsRecorder
-from hedgepub._settings import (
-    MAX_REQUEST_BYTES,
-    BatchSettings,
-    FlowControlSettings,
-    HedgingSettings,
-    RetrySettings,
-    adaptive_delay_limit,
-    check_hedging,
-)
-from hedgepub._transport.grpc import (
-    ChannelTarget,
-    GrpcTransport,
-    PubsubMessagePb,
-    Transport,
-    create_channel,
-    request_metadata,
-    resolve_endpoint,
-)
+from hedgepub._settings import MAX_REQUEST_BYTES, BatchSettings, HedgingSettings, RetrySettings
+from hedgepub._transport.grpc import Transport
 
 if TYPE_CHECKING:
-    from hedgepub._publisher.telemetry import BatchTrace, PublisherTelemetry
+    from hedgepub._publisher.telemetry import PublisherTelemetry
 
 _LOGGER = logging.getLogger("hedgepub")
 
@@ -87,78 +73,6 @@ class ClientState(enum.Enum):
     CLOSED = "closed"
 
 
-def _idempotency_attribute(value: object) -> str | None:
-    """The attribute name to stamp keys in: ``True`` for the default, a name, or ``None`` (off)."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
-
-        return IDEMPOTENCY_ATTRIBUTE
-    if not isinstance(value, str):
-        raise TypeError(
-            f"idempotency_attribute must be True, False or an attribute name; got {type(value).__name__}"
-        )
-    if not value or len(value.encode("utf-8")) > 256 or value.startswith("goog"):
-        raise ValueError(
-            f"idempotency_attribute {value!r} is not a usable attribute key: 1 to 256 bytes, "
-            "not starting with 'goog'"
-        )
-    return value
-
-
-def _telemetry(core: _PublisherCore, tracer_provider: Any, meter_provider: Any) -> PublisherTelemetry:
-    """The OpenTelemetry instrumentation of ``core`` (imported only when a client asks for it)."""
-    try:
-        from hedgepub._publisher.telemetry import PublisherTelemetry
-    except ImportError as error:
-        raise ImportError(
-            f"enable_open_telemetry=True needs the OpenTelemetry API ({error}): pip install 'hedgepub[otel]'"
-        ) from error
-    return PublisherTelemetry(
-        core._id_prefix,
-        weakref.WeakMethod(core.gauge_values),
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-    )
-
-
-def _check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
-    """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does."""
-    for name, value in attributes.items():
-        if type(value) is str:
-            continue
-        if isinstance(value, str):
-            continue
-        if isinstance(value, (bytes, bytearray)):
-            try:
-                attributes[name] = bytes(value).decode("utf-8")
-                continue
-            except UnicodeDecodeError:
-                pass
-        if name in ("retry", "timeout"):
-            raise TypeError(
-                f"publish(..., {name}=...) per message is the official client's argument; hedgepub sets it "
-                "for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
-                "publisher_options=...) to PublisherClient instead"
-            )
-        raise TypeError(
-            f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
-            "All attributes published to Pub/Sub must be text strings."
-        )
-    return attributes
-
-
-class _KeyQueue:
-    """The batches of one ordering key: at most one in flight, the rest waiting in order."""
-
-    __slots__ = ("in_flight", "waiting")
-
-    def __init__(self) -> None:
-        self.in_flight = False
-        self.waiting: deque[Batch] = deque()
-
-
 class _PublisherCore:
     """Batching, ordering keys, flow control, hedging and stats for one publisher, on one event loop.
 
@@ -168,65 +82,43 @@ class _PublisherCore:
     def __init__(
         self,
         *,
-        hedging_settings: HedgingSettings | None,
+        hedging: HedgingSettings | None,
+        budget: HedgingBudget,
         batch_settings: BatchSettings,
-        retry_settings: RetrySettings,
-        flow_control: FlowControlSettings,
-        enable_message_ordering: bool,
-        endpoint: str | None,
-        credentials: Any,
-        transport: Transport | None,
+        retry: RetrySettings,
+        ordering: bool,
+        flow: FlowController,
+        routes: EndpointRoutes,
+        stats_recorder: StatsRecorder,
+        sender: BatchSender,
+        observer: BatchObserver,
+        telemetry: PublisherTelemetry | None,
         clock: Clock,
         sync_futures: bool,
-        hedge_endpoints: Sequence[str] | None = None,
-        hedge_transports: Sequence[Transport] | None = None,
-        idempotency_attribute: bool | str = False,
-        root_certificates: bytes | None = None,
-        enable_open_telemetry: bool = False,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        messages: MessagePreparer,
+        id_prefix: str,
+        credentials: Any,
     ) -> None:
-        for name, value, kind in (
-            ("batch_settings", batch_settings, BatchSettings),
-            ("retry_settings", retry_settings, RetrySettings),
-            ("flow_control", flow_control, FlowControlSettings),
-        ):
-            if not isinstance(value, kind):
-                raise TypeError(f"{name} must be a {kind.__name__}; got {type(value).__name__} {value!r}")
-        if hedging_settings is not None and not isinstance(hedging_settings, HedgingSettings):
-            raise TypeError(
-                f"hedging_settings must be a HedgingSettings or None; got {type(hedging_settings).__name__}"
-            )
-        check_hedging(hedging_settings, retry_settings, bool(enable_message_ordering))
-        self.hedging = hedging_settings
+        """Wire the parts :func:`hedgepub._publisher.builder.build_core` made (it checks the settings).
+
+        ``messages`` checks and sizes each message on its way in; ``sender`` sends sealed batches;
+        ``observer`` is told once about every
+        finished batch (it counts into ``stats_recorder`` and ``routes``, and reports to ``telemetry``);
+        ``credentials`` are those the endpoints' channels use.
+        """
+        self.hedging = hedging
+        self.budget = budget
         self.batch_settings = batch_settings
-        self.retry = retry_settings
-        self.ordering = bool(enable_message_ordering)
-        self.bucket = TokenBucket.from_settings(hedging_settings) if hedging_settings is not None else None
-        self.delay_source: AdaptiveDelayEstimator | None = None
-        if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
-            self.delay_source = AdaptiveDelayEstimator(
-                hedging_settings.adaptive_delay,
-                fallback=hedging_settings.hedge_delay,
-                limit=adaptive_delay_limit(retry_settings),
-            )
+        self.retry = retry
+        self.ordering = ordering
         self.clock = clock
         self.sync_futures = sync_futures
-        self.flow = FlowController(flow_control, on_block=self._flush_soon)
-        self.stats_recorder = StatsRecorder()
+        self.flow = flow
+        self.stats_recorder = stats_recorder
+        self._sender = sender
+        self._observer = observer
         self._credentials = credentials
-        if root_certificates is not None and not isinstance(root_certificates, bytes):
-            raise TypeError(
-                "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
-                f"{type(root_certificates).__name__}"
-            )
-        self._root_certificates = root_certificates
-        self.routes = self._routes(
-            endpoint,
-            transport,
-            check_hedge_endpoints(hedge_endpoints, hedging_settings is not None),
-            hedge_transports,
-        )
+        self.routes = routes
         self._max_messages = batch_settings.max_messages
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
         self._max_latency = batch_settings.max_latency
@@ -240,25 +132,18 @@ class _PublisherCore:
         self._wakeup_pending = False
         #: Threads opening a batch of their own right now (see :meth:`_open_own`).
         self._opening: set[int] = set()
-        self._paused: set[tuple[str, str]] = set()
-        self._keys: dict[tuple[str, str], _KeyQueue] = {}
+        self._sequencer = OrderingSequencer()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         #: Batches handed to the engine and not finished yet (a forked child fails their copies).
         self._sending: set[Batch] = set()
         self._send_queue: deque[Batch] = deque()
-        self._overheads: dict[str, int] = {}
         self.state = ClientState.OPEN
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
-        self._id_prefix = uuid.uuid4().hex[:16]
-        if not enable_open_telemetry and (tracer_provider is not None or meter_provider is not None):
-            raise ValueError("tracer_provider and meter_provider need enable_open_telemetry=True")
-        self.telemetry = _telemetry(self, tracer_provider, meter_provider) if enable_open_telemetry else None
-        self.idempotency_attribute = _idempotency_attribute(idempotency_attribute)
-        # 128 random bits per publisher, then a count: unique across publishers and processes.
-        self._key_prefix = uuid.uuid4().hex
-        self._message_keys = itertools.count()
+        self._id_prefix = id_prefix
+        self.telemetry = telemetry
+        self._messages = messages
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
@@ -280,55 +165,6 @@ class _PublisherCore:
             raise RuntimeError("an AsyncPublisherClient must be used from the event loop it started on")
         return loop
 
-    def _routes(
-        self,
-        endpoint: str | None,
-        transport: Transport | None,
-        hedge_endpoints: tuple[str, ...],
-        hedge_transports: Sequence[Transport] | None,
-    ) -> EndpointRoutes:
-        """The primary endpoint, then the hedge endpoints, each connected on first use.
-
-        ``transport`` and ``hedge_transports`` are ready-made transports (tests), labelled ``primary``
-        and ``hedge-endpoint-N``; endpoints given by name are labelled with their ``host:port``.
-        """
-        if hedge_transports is not None and hedge_endpoints:
-            raise ValueError("pass hedge_endpoints or hedge_transports, not both")
-        if hedge_transports and self.hedging is None:
-            raise ValueError("hedge_transports needs hedging: pass hedging_settings=HedgingSettings(...)")
-        primary = None if transport is not None else resolve_endpoint(endpoint, credentials=self._credentials)
-        targets = [resolve_endpoint(name, credentials=self._credentials) for name in hedge_endpoints]
-        if self._credentials is None and any(target.secure for target in (primary, *targets) if target):
-            # Find Application Default Credentials now, so that a missing setup fails at construction.
-            import google.auth
-
-            from hedgepub._transport.grpc import SCOPES
-
-            self._credentials, _project = google.auth.default(scopes=SCOPES)
-
-        def connect(target: ChannelTarget) -> Callable[[], Transport]:
-            def open_channel() -> Transport:
-                channel = create_channel(target, self._credentials, root_certificates=self._root_certificates)
-                # Connect (TCP, TLS) now: a hedge endpoint is first needed in a stall, the worst moment
-                # to pay for a handshake.
-                channel.get_state(try_to_connect=True)
-                return GrpcTransport(channel)
-
-            return open_channel
-
-        def ready(made: Transport) -> Callable[[], Transport]:
-            return lambda: made
-
-        labels = ["primary" if primary is None else primary.target]
-        connects = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
-        for number, made in enumerate(hedge_transports or (), start=1):
-            labels.append(f"hedge-endpoint-{number}")
-            connects.append(ready(made))
-        for target in targets:
-            labels.append(target.target)
-            connects.append(connect(target))
-        return EndpointRoutes(labels, connects)
-
     def transport(self) -> Transport:
         """The primary endpoint's transport, opening the channel on first use (on the loop)."""
         return self.routes.transport(0)
@@ -344,42 +180,7 @@ class _PublisherCore:
         """
         if self.state is not ClientState.OPEN:
             raise RuntimeError(self.refusal)
-        if not isinstance(data, bytes):
-            raise TypeError(f"data must be bytes; got {type(data).__name__}")
-        if not isinstance(topic, str):
-            raise TypeError(f"topic must be a str; got {type(topic).__name__}")
-        if ordering_key:
-            if not isinstance(ordering_key, str):
-                raise TypeError(f"ordering_key must be a str; got {type(ordering_key).__name__}")
-            if not self.ordering:
-                raise ValueError(
-                    "ordering_key given but message ordering is not enabled: construct the publisher "
-                    "with enable_message_ordering=True"
-                )
-        stamp = self.idempotency_attribute
-        if stamp is not None and stamp not in attributes:
-            # Stamped once, into the request every attempt sends: hedges and retries carry the same key.
-            # A key the caller set is kept, so an application that republishes keeps its key too.
-            attributes[stamp] = f"{self._key_prefix}-{next(self._message_keys)}"
-        if attributes or ordering_key:
-            message = PubsubMessagePb(
-                data=data, attributes=_check_attributes(attributes), ordering_key=ordering_key
-            )
-            size = message.ByteSize()
-        else:
-            message = None
-            length = len(data)
-            size = (2 + length if length < 0x80 else 1 + varint_size(length) + length) if length else 0
-        framed = 2 + size if size < 0x80 else field_size(size)
-        overhead = self._overheads.get(topic)
-        if overhead is None:
-            overhead = self._overheads.setdefault(topic, request_overhead(topic))
-        if overhead + framed > MAX_REQUEST_BYTES:
-            raise ValueError(
-                f"the message is {size} bytes; with its topic it cannot fit a Publish request of at most "
-                f"{MAX_REQUEST_BYTES} bytes"
-            )
-        return message, size, framed
+        return self._messages.prepare(topic, data, ordering_key, attributes)
 
     def add(self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int) -> Any:
         """Put one validated message into its open batch and return its future."""
@@ -435,7 +236,7 @@ class _PublisherCore:
             if self.state is not ClientState.OPEN:
                 raise RuntimeError(self.refusal)
             key = (topic, ordering_key)
-            if key in self._paused:
+            if key in self._sequencer.paused:
                 return self._paused_future(ordering_key)
             batch = self._open.get(key)
             if batch is not None and batch.byte_size + framed > self._max_bytes:
@@ -555,7 +356,7 @@ class _PublisherCore:
             except RuntimeError:  # the loop is closed: nothing can be sent any more
                 _LOGGER.debug("publisher loop closed before a wake-up could be delivered")
 
-    def _flush_soon(self) -> None:
+    def flush_soon(self) -> None:
         """Seal every open batch (from any thread): flow control is about to make a caller wait."""
         with self._lock:
             for batch in list(self._open.values()):
@@ -597,16 +398,8 @@ class _PublisherCore:
         if timer is not None:
             timer.cancel()
             batch.timer = None
-        if batch.ordering_key:
-            key = (batch.topic, batch.ordering_key)
-            queue = self._keys.get(key)
-            if queue is None:
-                queue = self._keys[key] = _KeyQueue()
-            if queue.in_flight:
-                batch.state = BatchState.QUEUED
-                queue.waiting.append(batch)
-                return
-            queue.in_flight = True
+        if batch.ordering_key and not self._sequencer.admit(batch):
+            return  # waits behind the batch in flight on its key
         self._start(batch)
 
     def _start(self, batch: Batch) -> None:
@@ -631,82 +424,28 @@ class _PublisherCore:
                 self._start(self._send_queue.popleft())
 
     async def _publish(self, batch: Batch) -> None:
-        outcome: BatchOutcome | None = None
-        traced: BatchTrace | None = None
-        # Counted here too, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost then.
-        sent = {"attempts": 0, "hedges": 0}
-        started = self.clock.now()
-        routes = self.routes
-        clock = self.clock
+        # Counted as attempts go, for a batch that shutdown(timeout) cuts off: the engine's outcome is lost.
+        counts = AttemptCounts(started=self.clock.now())
         try:
-            routes.open_all()  # every endpoint's channel opens with the first batch, hedge endpoints too
-            if self.telemetry is not None:
-                traced = self.telemetry.start_batch(batch)
-            request = batch.request
-            topic = batch.topic
-            batch_id = batch.batch_id
-
-            async def attempt(attempt_number: int, timeout: float) -> list[str]:
-                sent["attempts"] += 1
-                if attempt_number:
-                    sent["hedges"] += 1
-                # The engine says when; the attempt number says where (see hedgepub._publisher.routes).
-                index = routes.index_for(attempt_number)
-                recorder = routes.recorder(index)
-                sent_at = clock.now()
-                try:
-                    transport = routes.transport(index)
-                    ids = await transport.publish(
-                        request, request_metadata(topic, batch_id, attempt_number), timeout
-                    )
-                except Exception:  # not CancelledError: a loser cancelled by the engine did not fail
-                    recorder.failed()
-                    raise
-                recorder.answered(clock.now() - sent_at)
-                return ids
-
-            outcome = await run_batch(
-                attempt
-                if traced is None
-                else traced.wrap(attempt, lambda n: routes.labels[routes.index_for(n)]),
-                message_count=len(batch.futures),
-                retry=self.retry,
-                hedging=self.hedging,
-                bucket=self.bucket,
-                clock=self.clock,
-                delay_source=self.delay_source,
-            )
+            outcome = await self._sender.send(batch, counts)
         except asyncio.CancelledError:
             error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
-            cut_off = BatchOutcome(
-                message_ids=None,
-                error=error,
-                winner_attempt=None,
-                attempts_sent=sent["attempts"],
-                hedges_sent=sent["hedges"],
-                hedges_skipped=0,  # known only to the engine
-                latency=self.clock.now() - started,
-            )
             try:
-                self.stats_recorder.record_batch(len(batch.futures), cut_off)
-                routes.record_batch(cut_off.attempts_sent, cut_off.hedges_sent, None)
-                if traced is not None:
-                    traced.end(cut_off)
+                self._observer.batch_finished(batch, counts.cut_off(error, self.clock.now()), None)
             finally:
                 self._fail(batch, error, counted=True)
             raise
         except BaseException as error:
-            if traced is not None:
-                traced.end(None, error)
-            self._fail(batch, PublishError(f"internal error while publishing a batch: {error!r}"), error)
+            try:
+                self._observer.batch_finished(batch, None, error)
+            finally:
+                internal = PublishError(f"internal error while publishing a batch: {error!r}")
+                self._fail(batch, internal, error, counted=True)
             if not isinstance(error, Exception):
                 raise
             return
         try:
-            self.stats_recorder.record_batch(len(batch.futures), outcome)
-            routes.record_batch(outcome.attempts_sent, outcome.hedges_sent, outcome.winner_attempt)
-            if traced is not None:
-                traced.end(outcome)
+            self._observer.batch_finished(batch, outcome, None)
         finally:
             if outcome.ok:
                 self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
@@ -720,7 +459,9 @@ class _PublisherCore:
         finally:
             self._release(batch)
             if batch.ordering_key:
-                self._next_on_key((batch.topic, batch.ordering_key))
+                following = self._sequencer.succeeded((batch.topic, batch.ordering_key))
+                if following is not None:
+                    self._start(following)
 
     def _fail(
         self, batch: Batch, error: BaseException, cause: BaseException | None = None, *, counted: bool = False
@@ -745,26 +486,14 @@ class _PublisherCore:
         if self.flow.enabled:
             self.flow.release(len(batch.futures), batch.flow_bytes)
 
-    def _next_on_key(self, key: tuple[str, str]) -> None:
-        queue = self._keys.get(key)
-        if queue is None:
-            return
-        if queue.waiting:
-            self._start(queue.waiting.popleft())
-        else:
-            queue.in_flight = False
-            del self._keys[key]
-
     def _pause(self, key: tuple[str, str]) -> None:
         """A batch on ``key`` failed: fail what waits behind it, and refuse the key until resumed."""
         with self._lock:
-            self._paused.add(key)
+            waiting = self._sequencer.pause(key)
             open_batch = self._open.pop(key, None)
             if open_batch is not None:
                 with open_batch.lock:
                     open_batch.state = BatchState.SEALED
-        queue = self._keys.pop(key, None)
-        waiting = list(queue.waiting) if queue is not None else []
         if open_batch is not None:
             waiting.append(open_batch)
         for batch in waiting:
@@ -777,7 +506,7 @@ class _PublisherCore:
     def resume(self, topic: str, ordering_key: str) -> None:
         """Accept messages on a paused ordering key again (any thread)."""
         with self._lock:
-            self._paused.discard((topic, ordering_key))
+            self._sequencer.paused.discard((topic, ordering_key))
 
     def abandon_after_fork(self, error: PublishError, refusal: str) -> None:
         """In a child process just forked: fail every inherited future and refuse new messages.
@@ -790,15 +519,8 @@ class _PublisherCore:
         self.state = ClientState.CLOSED
         self.refusal = refusal
         batches = [*self._open.values(), *self._events, *self._send_queue, *self._sending]
-        for queue in self._keys.values():
-            batches += queue.waiting
-        self._open, self._events, self._send_queue, self._sending, self._keys = (
-            {},
-            deque(),
-            deque(),
-            set(),
-            {},
-        )
+        batches += self._sequencer.forget()
+        self._open, self._events, self._send_queue, self._sending = {}, deque(), deque(), set()
         for batch in {id(batch): batch for batch in batches}.values():
             if batch.state is BatchState.DONE:
                 continue
@@ -810,20 +532,12 @@ class _PublisherCore:
                     future._condition = batch.condition
             resolve_batch(batch.futures, batch.condition, error=error)
 
-    def gauge_values(self) -> tuple[float, float]:
-        """(tokens in the bucket, hedge delay in seconds) now; zeros without hedging (any thread)."""
-        if self.hedging is None:
-            return 0.0, 0.0
-        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
-        return self.bucket.tokens, delay  # type: ignore[union-attr]
-
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
-        endpoints = self.routes.snapshot()
-        if self.hedging is None:
-            return self.stats_recorder.snapshot(0.0, endpoints=endpoints)
-        delay = self.hedging.hedge_delay if self.delay_source is None else self.delay_source.current
-        return self.stats_recorder.snapshot(self.bucket.tokens, delay, endpoints=endpoints)  # type: ignore[union-attr]
+        budget = self.budget
+        return self.stats_recorder.snapshot(
+            budget.tokens, budget.hedge_delay, endpoints=self.routes.snapshot()
+        )
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
@@ -858,12 +572,10 @@ class _PublisherCore:
                     self._fail(
                         batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
                     )
-                for queue in list(self._keys.values()):
-                    waiting, queue.waiting = list(queue.waiting), deque()
-                    for batch in waiting:
-                        self._fail(
-                            batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
-                        )
+                for batch in self._sequencer.take_waiting():
+                    self._fail(
+                        batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
+                    )
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()

@@ -48,13 +48,10 @@ class FlowController:
     a resolved batch's share from any thread; ``close`` wakes every waiter with ``RuntimeError``.
     """
 
-    def __init__(self, settings: FlowControlSettings, on_block: Callable[[], None] | None = None) -> None:
+    def __init__(self, settings: FlowControlSettings) -> None:
         self.settings = settings
         self.enabled = settings.limit_exceeded_behavior is not LimitExceededBehavior.IGNORE
         self._block = settings.limit_exceeded_behavior is LimitExceededBehavior.BLOCK
-        # Called (outside the lock) when a caller is about to wait, so that messages sitting in open
-        # batches are sent now instead of after their batch latency: they are what the caller waits for.
-        self._on_block = on_block
         self._lock = threading.Lock()
         self._waiters: collections.deque[_AsyncWaiter | _ThreadWaiter] = collections.deque()
         self._messages = 0
@@ -111,14 +108,13 @@ class FlowController:
             if was_head and self._waiters:
                 self._waiters[0].wake()
 
-    def _blocking(self) -> None:
-        # Each time a caller (re)starts waiting: messages admitted since the last flush may sit in an
-        # open batch, and only sending them can free room.
-        if self._on_block is not None:
-            self._on_block()
+    def acquire(self, size: int, on_block: Callable[[], None] | None = None) -> None:
+        """Admit one message of ``size`` bytes from a thread, blocking in ``BLOCK`` mode.
 
-    def acquire(self, size: int) -> None:
-        """Admit one message of ``size`` bytes from a thread, blocking in ``BLOCK`` mode."""
+        ``on_block`` is called (outside the lock) each time the caller (re)starts waiting, so that
+        messages sitting in open batches are sent now instead of after their batch latency: they are
+        what the caller waits for.
+        """
         with self._lock:
             if self._admit_or_refuse(size):
                 return
@@ -126,7 +122,8 @@ class FlowController:
             self._waiters.append(waiter)
         try:
             while True:
-                self._blocking()
+                if on_block is not None:
+                    on_block()
                 waiter.event.wait()
                 with self._lock:
                     waiter.event.clear()
@@ -135,8 +132,9 @@ class FlowController:
         finally:
             self._leave(waiter)
 
-    async def acquire_async(self, size: int) -> None:
-        """Admit one message of ``size`` bytes on the event loop, awaiting in ``BLOCK`` mode."""
+    async def acquire_async(self, size: int, on_block: Callable[[], None] | None = None) -> None:
+        """Admit one message of ``size`` bytes on the event loop, awaiting in ``BLOCK`` mode (``on_block``
+        as for :meth:`acquire`)."""
         with self._lock:
             if self._admit_or_refuse(size):
                 return
@@ -144,7 +142,8 @@ class FlowController:
             self._waiters.append(waiter)
         try:
             while True:
-                self._blocking()
+                if on_block is not None:
+                    on_block()
                 await waiter.future
                 with self._lock:
                     waiter.future = asyncio.get_running_loop().create_future()

@@ -34,6 +34,7 @@ from typing import Any
 
 from hedgepub._settings import BatchSettings, FlowControlSettings, RetrySettings
 from hedgepub._status import StatusCode
+from hedgepub._wire import EMULATOR_HOST_ENV
 
 _OFFICIAL_TYPES = "google.cloud.pubsub_v1.types"
 _DEFAULT_RETRY = RetrySettings()
@@ -202,7 +203,7 @@ def client_options(options: Any, environ: Any = None) -> dict[str, Any]:
         if value is None:
             continue
         if name == "api_endpoint":
-            if not environ.get("PUBSUB_EMULATOR_HOST"):
+            if not environ.get(EMULATOR_HOST_ENV):
                 translated["endpoint"] = value
         elif name == "credentials_file":
             import google.auth

@@ -20,11 +20,16 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from hedgepub._exceptions import RpcError
 from hedgepub._publisher.stats import EndpointStats, latency_histogram, latency_micros, max_ms, percentile_ms
 from hedgepub._status import StatusCode
 from hedgepub._transport.grpc import Transport
+
+if TYPE_CHECKING:
+    from hedgepub._hedging.engine import BatchOutcome
+    from hedgepub._publisher.batch import Batch
 
 _LOGGER = logging.getLogger("hedgepub")
 
@@ -180,13 +185,21 @@ class EndpointRoutes:
         """Endpoint ``index``'s counters."""
         return self._recorders[index]
 
-    def record_batch(self, attempts_sent: int, hedges_sent: int, winner_attempt: int | None) -> None:
-        """Count a finished batch's attempts per endpoint, and its winner's endpoint (``None``: none).
+    def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
+        """Count a finished batch's attempts per endpoint, and its winner's endpoint (a
+        :class:`~hedgepub._publisher.observer.BatchObserver`; a batch without an outcome counts nothing).
 
         Counted from the engine's totals, which the rotation maps to endpoints exactly (hedges 1 to
         ``hedges_sent`` were sent), so that the endpoints add up to the publisher's ``attempts_sent``
         and ``hedges_sent`` even for a hedge cancelled before its task ever reached the transport.
         """
+        if outcome is None:
+            return
+        attempts_sent, hedges_sent, winner_attempt = (
+            outcome.attempts_sent,
+            outcome.hedges_sent,
+            outcome.winner_attempt,
+        )
         others = self.hedge_endpoint_count
         if others == 0:
             self._recorders[0].sent(attempts_sent, hedges_sent)

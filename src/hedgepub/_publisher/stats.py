@@ -11,6 +11,7 @@ from hdrh.histogram import HdrHistogram
 
 if TYPE_CHECKING:
     from hedgepub._hedging.engine import BatchOutcome
+    from hedgepub._publisher.batch import Batch
 
 # Microseconds from 1 us to one hour, three significant digits: 0.1 % error at any scale.
 _LOWEST_US = 1
@@ -118,8 +119,13 @@ class StatsRecorder:
         self.hedges_won = 0
         self.hedges_skipped = 0
 
-    def record_batch(self, messages: int, outcome: BatchOutcome) -> None:
-        """Count one batch of ``messages`` messages that went through the engine, as ``outcome`` tells."""
+    def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
+        """Count one finished batch (a :class:`~hedgepub._publisher.observer.BatchObserver`): as its
+        ``outcome`` tells, or, with none (an internal error), as failed messages only."""
+        messages = len(batch.futures)
+        if outcome is None:
+            self.record_failed(messages)
+            return
         micros = latency_micros(outcome.latency)
         with self._lock:
             if outcome.ok:

@@ -255,6 +255,9 @@ class PublisherTelemetry:
         # from publish until they end.
         self._open: dict[str, tuple[trace.Span, str]] = {}
         self._lock = threading.Lock()
+        #: The traces of the batches being sent, from :meth:`start_batch` to :meth:`batch_finished` (both
+        #: on the publisher's loop).
+        self._traces: dict[Batch, BatchTrace] = {}
 
     # ---- one message ---------------------------------------------------------------------------------
 
@@ -391,8 +394,17 @@ class PublisherTelemetry:
     # ---- batches -------------------------------------------------------------------------------------
 
     def start_batch(self, batch: Batch) -> BatchTrace:
-        """Start the publish span of ``batch`` (call on the loop, when the batch starts sending)."""
-        return BatchTrace(self, batch)
+        """Start the publish span of ``batch`` (call on the loop, when the batch starts sending); it ends
+        when the batch finishes (:meth:`batch_finished`)."""
+        traced = self._traces[batch] = BatchTrace(self, batch)
+        return traced
+
+    def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
+        """End the spans of a finished batch and count it (a
+        :class:`~hedgepub._publisher.observer.BatchObserver`); nothing for a batch never started."""
+        traced = self._traces.pop(batch, None)
+        if traced is not None:
+            traced.end(outcome, error)
 
     def record_batch(
         self, short_topic: str, message_count: int, outcome: BatchOutcome | None, error: BaseException | None

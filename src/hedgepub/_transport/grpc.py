@@ -50,6 +50,7 @@ from google.pubsub_v1.types import pubsub as _pubsub_types
 
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
+from hedgepub._wire import ATTEMPT_KEY, BATCH_ID_KEY, EMULATOR_HOST_ENV, REQUEST_PARAMS_KEY
 
 #: Raw protobuf classes of the Publish RPC (``Message.pb()`` with no argument returns the raw class).
 PublishRequestPb: Any = _pubsub_types.PublishRequest.pb()
@@ -58,8 +59,6 @@ PubsubMessagePb: Any = _pubsub_types.PubsubMessage.pb()
 
 #: The Google Cloud Pub/Sub endpoint used when neither an endpoint nor an emulator is configured.
 DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
-#: The environment variable every official client reads to find an emulator.
-EMULATOR_HOST_ENV = "PUBSUB_EMULATOR_HOST"
 #: OAuth scopes asked for when Application Default Credentials are used.
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/pubsub")
 PUBLISH_METHOD = "/google.pubsub.v1.Publisher/Publish"
@@ -101,9 +100,9 @@ def map_rpc_error(error: grpc.RpcError) -> RpcError:
 def request_metadata(topic: str, batch_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
     """The gRPC metadata of one attempt (spec rule 8): routing header, batch id, attempt number."""
     return (
-        ("x-goog-request-params", "topic=" + quote(topic, safe="/")),
-        ("hedgepub-batch-id", batch_id),
-        ("hedgepub-attempt", str(attempt)),
+        (REQUEST_PARAMS_KEY, "topic=" + quote(topic, safe="/")),
+        (BATCH_ID_KEY, batch_id),
+        (ATTEMPT_KEY, str(attempt)),
     )
 
 

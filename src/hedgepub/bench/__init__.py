@@ -10,17 +10,30 @@
 """
 
 from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
+from hedgepub.bench._advise import (
+    Advice,
+    Candidate,
+    LatencySamples,
+    Prediction,
+    advise,
+    grid,
+    load_latencies,
+    replay,
+)
 from hedgepub.bench._experiment import (
     DEFAULT_MIX,
     DEFAULT_STALL,
     SCENARIOS,
     BenchConfig,
+    BenchInterrupted,
     BenchProgress,
     BenchRun,
     PublisherSpec,
+    RemoteTarget,
     run_bench,
+    run_remote_bench,
 )
-from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_latency_cdf
+from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_frontier, plot_latency_cdf
 from hedgepub.bench._report import (
     RESULT_KEYS,
     LatencyRecorder,
@@ -41,22 +54,34 @@ __all__ = [
     "RESULT_KEYS",
     "SCENARIOS",
     "AdminClient",
+    "Advice",
     "BenchConfig",
+    "BenchInterrupted",
     "BenchProgress",
     "BenchRun",
+    "Candidate",
     "LatencyRecorder",
+    "LatencySamples",
+    "Prediction",
     "PublisherResult",
     "PublisherSpec",
+    "RemoteTarget",
+    "advise",
     "arrival_times",
     "build_table",
     "default_project",
+    "grid",
     "latency_cdf_figure",
+    "load_latencies",
     "pair_orders",
+    "plot_frontier",
     "plot_latency_cdf",
     "print_report",
     "render_markdown",
+    "replay",
     "resource_path",
     "results_document",
     "run_bench",
+    "run_remote_bench",
     "write_results_json",
 ]

@@ -11,6 +11,11 @@ Before measuring, a warm-up with no injected latency connects every channel and 
 publishers' token buckets (they start empty, as the spec says); the counters are read before and after
 the measured period and only the difference is reported.
 
+The ``reference`` scenario is the workload of the Go and Rust clients' hedging benchmarks: their latency
+mix, 200 publishes per second at fixed intervals, 1 KiB messages, one message per batch, a 5 s warm-up on
+the same workload (latency injected, nothing recorded) and then 30 s measured, hedging after 100 ms with
+50 tokens refilled by 0.1 per batch.
+
 The ``correlated-stalls`` scenario models slowness correlated in time at one place instead: a second
 local server starts beside the first, the first (the primary) gets stall windows on ``Publish`` (every
 publish arriving in a window waits until it ends: 500 ms every 5 s by default) and the second nothing,
@@ -27,7 +32,7 @@ import datetime
 import math
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -55,8 +60,8 @@ HedgeDelayChoice = float | str
 #: The name of the adaptive publisher (``"auto"`` in ``hedge_delays``).
 ADAPTIVE = "adaptive"
 #: What the bench injects: a latency mix drawn per call, or stall windows on one of two servers.
-Scenario = Literal["latency-mix", "correlated-stalls"]
-SCENARIOS: tuple[str, ...] = ("latency-mix", "correlated-stalls")
+Scenario = Literal["latency-mix", "correlated-stalls", "reference"]
+SCENARIOS: tuple[str, ...] = ("latency-mix", "correlated-stalls", "reference")
 #: The stall windows of the correlated-stalls scenario: 500 ms every 5 s.
 DEFAULT_STALL = "500ms/5s"
 #: The publishers of the correlated-stalls scenario, as ``results.json`` names them.
@@ -110,6 +115,10 @@ class BenchConfig:
         stall: the correlated-stalls scenario's windows, ``STALL/PERIOD`` (the phase comes from ``seed``).
         idempotency_key: every publisher stamps idempotency keys (``idempotency_attribute=True``).
         dedup_hedges: the servers store each hedged batch once (``hedgepub serve --dedup-hedges``).
+        message_size: bytes of data per message (0: a short unique payload of about 20 bytes).
+        warmup_seconds: when above 0, the warm-up is this many seconds of the measured workload itself
+            (same schedule, latency injected, nothing recorded) instead of fast publishes until the
+            bucket is full; the ``reference`` scenario's 5 s.
     """
 
     messages: int = 2_000
@@ -125,6 +134,26 @@ class BenchConfig:
     stall: str = DEFAULT_STALL
     idempotency_key: bool = True
     dedup_hedges: bool = False
+    message_size: int = 0
+    warmup_seconds: float = 0.0
+
+    @classmethod
+    def reference(cls, **changes: Any) -> BenchConfig:
+        """The ``reference`` scenario: the Go and Rust clients' hedging benchmark workload (see above)."""
+        settings: dict[str, Any] = {
+            "scenario": "reference",
+            "mix": DEFAULT_MIX,
+            "rate": 200.0,
+            "messages": 6_000,  # 30 s at 200/s
+            "arrivals": "fixed",
+            "message_size": 1024,
+            "warmup_seconds": 5.0,
+            "hedge_delays": (0.1,),
+            "max_tokens": 50,
+            "refill_ratio": 0.1,
+        }
+        settings.update(changes)
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         if isinstance(self.messages, bool) or not isinstance(self.messages, int) or self.messages < 1:
@@ -133,6 +162,12 @@ class BenchConfig:
             raise ValueError(f"rate must be a finite number of publishes per second > 0; got {self.rate!r}")
         if self.warmup is not None and not 0 <= self.warmup <= MAX_WARMUP:
             raise ValueError(f"warmup must be in [0, {MAX_WARMUP}]; got {self.warmup!r}")
+        if isinstance(self.message_size, bool) or not isinstance(self.message_size, int):
+            raise TypeError(f"message_size must be a whole number of bytes; got {self.message_size!r}")
+        if not 0 <= self.message_size <= 10_000_000:
+            raise ValueError(f"message_size must be in [0, 10000000] bytes; got {self.message_size!r}")
+        if not (math.isfinite(self.warmup_seconds) and 0 <= self.warmup_seconds <= 3_600):
+            raise ValueError(f"warmup_seconds must be in [0, 3600]; got {self.warmup_seconds!r}")
         if self.arrivals not in ("poisson", "fixed"):
             raise ValueError(f"arrivals must be 'poisson' or 'fixed'; got {self.arrivals!r}")
         if isinstance(self.hedge_delays, (str, bytes)) or not isinstance(self.hedge_delays, tuple):
@@ -187,7 +222,12 @@ class BenchConfig:
         return tuple(specs)
 
     def warmup_target(self) -> int:
-        """Warm-up publishes per publisher: as given, or enough successes to fill the token bucket."""
+        """Warm-up publishes per publisher: as given, or enough successes to fill the token bucket.
+
+        With ``warmup_seconds``, the warm-up is part of the schedule instead: this is 0.
+        """
+        if self.warmup_seconds > 0:
+            return 0
         if self.warmup is not None:
             return self.warmup
         # the bucket starts empty and gains refill_ratio per success; thousandths avoid float rounding
@@ -197,6 +237,14 @@ class BenchConfig:
     def expected_seconds(self) -> float:
         """Rough length of the measured period, in seconds."""
         return self.messages / self.rate
+
+    def warmup_schedule_publishes(self) -> int:
+        """Publishes per publisher of a ``warmup_seconds`` warm-up (0 without one)."""
+        return round(self.warmup_seconds * self.rate)
+
+    def payload_bytes(self) -> int:
+        """Bytes of data per message as published (the short payload is about 20 bytes)."""
+        return max(self.message_size, 24)
 
 
 class BenchProgress(Protocol):
@@ -228,6 +276,12 @@ class BenchRun:
     max_schedule_lag_ms: float = 0.0
     #: publishes that reported success but whose payload is not stored (should be 0)
     missing: dict[str, int] = field(default_factory=dict)
+    #: the run was interrupted (Ctrl-C) during the measured period: the results cover what was measured
+    interrupted: bool = False
+
+
+class BenchInterrupted(Exception):
+    """The bench was interrupted before anything was measured (during its set-up or warm-up)."""
 
 
 @dataclass
@@ -259,8 +313,10 @@ class _Counters:
         )
 
 
-def _payload(name: str, index: int) -> bytes:
-    return f"{name}-{index:09d}".encode()
+def _payload(name: str, index: int, size: int = 0) -> bytes:
+    base = f"{name}-{index:09d}".encode()
+    # unique prefix (the dedup count reads it), padded to the configured size
+    return base + b"x" * (size - len(base)) if size > len(base) else base
 
 
 async def _warm_up(
@@ -281,7 +337,9 @@ async def _warm_up(
             break
         size = min(WARMUP_CONCURRENCY, target - done)
         publishes = [
-            clients[name].publish(topics[name], _payload(f"warmup-{name}", done + offset))
+            clients[name].publish(
+                topics[name], _payload(f"warmup-{name}", done + offset, config.message_size)
+            )
             for offset in range(size)
             for name in clients
         ]
@@ -291,50 +349,91 @@ async def _warm_up(
     return done
 
 
+@dataclass
+class _Measured:
+    """What the open-loop schedule measured."""
+
+    recorders: dict[str, LatencyRecorder]
+    #: payloads published successfully, per publisher (to find missing and duplicated ones)
+    published: dict[str, set[bytes]]
+    failures: dict[str, int]
+    #: worst lag of the schedule, ms
+    lag_ms: float
+    #: counters when the measured period began (after a ``warmup_seconds`` warm-up)
+    before: dict[str, _Counters]
+    interrupted: bool = False
+
+
 async def _measure(
     clients: Mapping[str, AsyncPublisherClient],
     topics: Mapping[str, str],
     config: BenchConfig,
     progress: BenchProgress,
-) -> tuple[dict[str, LatencyRecorder], dict[str, set[bytes]], dict[str, int], float]:
-    """Publish on the open-loop schedule.
+    counters: Callable[[], dict[str, _Counters]],
+) -> _Measured:
+    """Publish on the open-loop schedule: a ``warmup_seconds`` warm-up (not recorded), then measured.
 
-    Returns the latencies, the payloads published successfully, the failure counts and the worst lag of
-    the schedule (ms).
+    Ctrl-C (the task cancelled) ends the schedule early: the publishes in flight are cancelled and what
+    was measured so far is returned, with ``interrupted`` set.
     """
     loop = asyncio.get_running_loop()
     names = tuple(clients)
-    times = arrival_times(config.messages, config.rate, seed=config.seed, arrivals=config.arrivals)
-    orders = pair_orders(config.messages, names, seed=config.seed)
+    warm = config.warmup_schedule_publishes()
+    total = warm + config.messages
+    times = arrival_times(total, config.rate, seed=config.seed, arrivals=config.arrivals)
+    orders = pair_orders(total, names, seed=config.seed)
     recorders = {name: LatencyRecorder() for name in names}
     published: dict[str, set[bytes]] = {name: set() for name in names}
     failures = dict.fromkeys(names, 0)
-    progress.phase("publishing", config.messages * len(names))
+    measured_from = times[warm] if warm < total else 0.0
+    if warm:
+        progress.phase("warm-up on the workload", warm * len(names))
 
-    async def publish_one(name: str, index: int) -> None:
-        payload = _payload(name, index)
+    async def publish_one(name: str, index: int, measured: bool) -> None:
+        payload = _payload(name, index, config.message_size)
         started = loop.time()
         try:
             await clients[name].publish(topics[name], payload)
         except Exception:  # a failed publish is a result to count, not a reason to stop the run
-            failures[name] += 1
+            if measured:
+                failures[name] += 1
         else:
-            recorders[name].record(loop.time() - started)
-            published[name].add(payload)
+            if measured:
+                recorders[name].record(loop.time() - started, started - start - measured_from)
+                published[name].add(payload)
         progress.advance()
 
     tasks: list[asyncio.Task[None]] = []
     worst_lag = 0.0
+    before: dict[str, _Counters] = {}
+    interrupted = False
     start = loop.time()
-    for index, (offset, order) in enumerate(zip(times, orders, strict=True)):
-        delay = start + offset - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        worst_lag = max(worst_lag, loop.time() - (start + offset))
-        # open loop: start the publishes and move on, never waiting for earlier ones to answer
-        tasks.extend(asyncio.create_task(publish_one(name, index)) for name in order)
-    await asyncio.gather(*tasks)
-    return recorders, published, failures, worst_lag * 1000.0
+    try:
+        for index, (offset, order) in enumerate(zip(times, orders, strict=True)):
+            if index == warm:
+                before = counters()  # the measured period's counters start here
+                progress.phase("publishing", config.messages * len(names))
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            measured = index >= warm
+            if measured:
+                worst_lag = max(worst_lag, loop.time() - (start + offset))
+            # open loop: start the publishes and move on, never waiting for earlier ones to answer
+            tasks.extend(asyncio.create_task(publish_one(name, index, measured)) for name in order)
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        # Ctrl-C: keep what was measured; the publishes still in flight are not waited for
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if not before:
+            raise BenchInterrupted("interrupted during the warm-up: nothing was measured") from None
+        interrupted = True
+    return _Measured(recorders, published, failures, worst_lag * 1000.0, before, interrupted)
 
 
 @dataclass(frozen=True)
@@ -382,6 +481,10 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
 
     Starts a local server (in memory, 127.0.0.1, ephemeral port) for the duration of the run, and a
     second one for the correlated-stalls scenario.
+
+    Raises:
+        BenchInterrupted: Ctrl-C came before the measured period began. During it, the run ends early
+            and returns what it measured, with ``interrupted`` set.
     """
     # imported here, when a run starts, so that the report and plot helpers load without the server
     from hedgepub.server import LocalServer
@@ -396,65 +499,127 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
         return await _run_on(servers, config, progress or _NoProgress())
 
 
+@dataclass(frozen=True)
+class RemoteTarget:
+    """Where a bench against a running service publishes: an endpoint and one existing topic.
+
+    ``endpoint`` takes the publisher's forms; ``None`` means ``PUBSUB_EMULATOR_HOST``, else Google Cloud
+    Pub/Sub with Application Default Credentials over TLS. Every publisher publishes to ``topic``, so all
+    see the same service; duplicates are not counted (that would need a subscription).
+    """
+
+    endpoint: str | None
+    topic: str
+
+
+async def run_remote_bench(
+    config: BenchConfig, target: RemoteTarget, progress: BenchProgress | None = None
+) -> BenchRun:
+    """Run the experiment against a running service (see :class:`RemoteTarget`); nothing is injected.
+
+    The publishers connect as any application would (``endpoint``, credentials from the environment).
+    Raises :class:`BenchInterrupted` as :func:`run_bench` does.
+    """
+    if config.scenario == "correlated-stalls":
+        raise ValueError("the correlated-stalls scenario needs the bench's own two servers (no --topic)")
+    return await _run(config, progress or _NoProgress(), remote=target)
+
+
 async def _run_on(servers: Mapping[str, Any], config: BenchConfig, progress: BenchProgress) -> BenchRun:
+    return await _run(config, progress, servers=servers)
+
+
+async def _run(
+    config: BenchConfig,
+    progress: BenchProgress,
+    *,
+    servers: Mapping[str, Any] | None = None,
+    remote: RemoteTarget | None = None,
+) -> BenchRun:
     from hedgepub import AsyncPublisherClient
     from hedgepub.server import FaultRule, LatencyMix, StallWindows
 
     stalls = config.scenario == "correlated-stalls"
-    mix = LatencyMix.parse(config.mix)
-    rule = FaultRule(stall=StallWindows.parse(config.stall)) if stalls else FaultRule(latency=mix)
-    longest_delay = rule.stall.stall if rule.stall is not None else _longest_delay(mix)
-    server = servers["primary"]
-    endpoint_names = {running.address: name for name, running in servers.items()}
     loop = asyncio.get_running_loop()
     began = loop.time()
     batch = BatchSettings(max_messages=1)
     retry = RetrySettings()
     specs = config.publishers()
     names = [spec.name for spec in specs]
-    topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in names}
-    warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in names}
-    for running in servers.values():
-        with AdminClient(running.address) as admin:
-            admin.wait_ready(10.0)
-            for topic in (*topics.values(), *warmup_topics.values()):
-                await loop.run_in_executor(None, admin.create_topic, topic)
+    rule = None
+    longest_delay = 0.0
+    if servers is not None:
+        mix = LatencyMix.parse(config.mix)
+        rule = FaultRule(stall=StallWindows.parse(config.stall)) if stalls else FaultRule(latency=mix)
+        longest_delay = rule.stall.stall if rule.stall is not None else _longest_delay(mix)
+        server = servers["primary"]
+        endpoint: str | None = server.address
+        endpoint_names = {running.address: name for name, running in servers.items()}
+        topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in names}
+        warmup_topics = {name: f"projects/{_PROJECT}/topics/warmup-{name}" for name in names}
+        for running in servers.values():
+            with AdminClient(running.address) as admin:
+                admin.wait_ready(10.0)
+                for topic in (*topics.values(), *warmup_topics.values()):
+                    await loop.run_in_executor(None, admin.create_topic, topic)
+    else:
+        assert remote is not None
+        endpoint = remote.endpoint
+        endpoint_names = {}
+        topics = dict.fromkeys(names, remote.topic)
+        warmup_topics = topics
     clients = {
         spec.name: AsyncPublisherClient(
             hedging_settings=spec.hedging,
             batch_settings=batch,
             retry_settings=retry,
-            endpoint=server.address,
-            hedge_endpoints=[servers["second"].address] if spec.cross_endpoint else None,
+            endpoint=endpoint,
+            hedge_endpoints=[servers["second"].address] if spec.cross_endpoint and servers else None,
             idempotency_attribute=config.idempotency_key,
         )
         for spec in specs
     }
+
+    def counters_now() -> dict[str, _Counters]:
+        return {name: _Counters.of(client, endpoint_names) for name, client in clients.items()}
+
     try:
-        warmup_done = await _warm_up(clients, warmup_topics, config, progress)
-        before = {name: _Counters.of(client, endpoint_names) for name, client in clients.items()}
-        server.faults.seed(config.seed)  # stall windows count from here, their phase from the seed
-        server.faults.set("Publish", rule)
-        recorders, published, failures, lag_ms = await _measure(clients, topics, config, progress)
-        counters = {
-            name: _Counters.of(client, endpoint_names) - before[name] for name, client in clients.items()
-        }
+        try:
+            warmup_done = await _warm_up(clients, warmup_topics, config, progress)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            raise BenchInterrupted("interrupted during the warm-up: nothing was measured") from None
+        if servers is not None and rule is not None:
+            servers["primary"].faults.seed(config.seed)  # stall windows count from here, phase from seed
+            servers["primary"].faults.set("Publish", rule)
+        measured = await _measure(clients, topics, config, progress, counters_now)
+        after = counters_now()
+        counters = {name: after[name] - measured.before[name] for name in names}
         delays_ms = {name: client.stats().hedge_delay_ms for name, client in clients.items()}
         measure_end = loop.time()
     finally:
         for client in clients.values():
             await client.shutdown(timeout=30.0)
-    # a losing attempt the server keeps working on after its caller gave up could still be stored
-    progress.phase("draining", None)
-    await _drain(measure_end, longest_delay)
-    server.faults.set("Publish", None)
     results: dict[str, PublisherResult] = {}
     missing: dict[str, int] = {}
+    if servers is not None:
+        # a losing attempt the server keeps working on after its caller gave up could still be stored
+        if not measured.interrupted:
+            progress.phase("draining", None)
+            await _drain(measure_end, longest_delay)
+        servers["primary"].faults.set("Publish", None)
     for name in names:
-        duplicates, after_dedup, missing[name] = _count_stored(servers, topics[name], published[name])
+        duplicates: int | None = None
+        after_dedup: int | None = None
+        if servers is not None:
+            duplicates, after_dedup, missing[name] = _count_stored(
+                servers, topics[name], measured.published[name]
+            )
         results[name] = PublisherResult.from_measurements(
-            recorders[name],
-            failed=failures[name],
+            measured.recorders[name],
+            failed=measured.failures[name],
             attempts_sent=counters[name].attempts_sent,
             hedges_sent=counters[name].hedges_sent,
             hedges_won=counters[name].hedges_won,
@@ -465,14 +630,29 @@ async def _run_on(servers: Mapping[str, Any], config: BenchConfig, progress: Ben
         )
     config_entry = _config_entry(config, warmup_done, retry)
     config_entry["run"] = run_info(loop.time() - began)
-    config_entry["run"]["max_schedule_lag_ms"] = round(lag_ms, 1)
+    config_entry["run"]["max_schedule_lag_ms"] = round(measured.lag_ms, 1)
+    config_entry["run"]["load_average"] = _load_average()
+    if measured.interrupted:
+        config_entry["run"]["interrupted"] = True
+    if remote is not None:
+        config_entry["target"] = {"endpoint": remote.endpoint, "topic": remote.topic}
+    samples = {name: measured.recorders[name].samples() for name in names}
     return BenchRun(
-        document=results_document(config_entry, results),
-        latencies_ms={name: recorders[name].latencies_ms for name in names},
+        document=results_document(config_entry, results, samples),
+        latencies_ms={name: measured.recorders[name].latencies_ms for name in names},
         results=results,
-        max_schedule_lag_ms=lag_ms,
+        max_schedule_lag_ms=measured.lag_ms,
         missing=missing,
+        interrupted=measured.interrupted,
     )
+
+
+def _load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages when the run ended (timing figures depend on them)."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
 
 
 async def _drain(measure_end: float, longest_delay: float) -> None:
@@ -496,7 +676,7 @@ def _config_entry(config: BenchConfig, warmup_done: int, retry: RetrySettings) -
     entry["hedge_delays"] = list(config.hedge_delays)
     if "auto" in config.hedge_delays:
         entry["adaptive_delay"] = asdict(AdaptiveDelay())  # as the "adaptive" publisher uses it
-    entry["warmup_publishes"] = warmup_done
+    entry["warmup_publishes"] = warmup_done or config.warmup_schedule_publishes()
     entry["batch_max_messages"] = 1
     entry["retry"] = {
         "initial_rpc_timeout_s": retry.initial_rpc_timeout,

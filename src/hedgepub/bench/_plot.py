@@ -27,6 +27,17 @@ if TYPE_CHECKING:
 #: Colours per publisher name; other names take the next of _OTHER_COLOURS (neither red nor green).
 _COLOURS = {"unhedged": "#d62728", "hedged": "#1f77b4", "adaptive": "#2ca02c"}
 _OTHER_COLOURS = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+#: Line styles in drawing order: the first publisher is drawn widest and solid, each later one narrower
+#: and dashed on top of it, so that where two curves coincide both stay visible (the one below shows
+#: around and between the dashes of the one above).
+_LINE_STYLES: tuple[tuple[float, Any], ...] = (
+    (3.2, "solid"),
+    (2.0, (0, (6, 3))),
+    (1.6, (0, (2, 2))),
+    (1.4, (0, (7, 2, 1, 2))),
+    (1.2, (0, (1, 1))),
+)
+_MARKERS = ("o", "s", "D", "^", "v", "P", "X")
 #: ``gid`` of the texts of the percentile table (tests find them by it).
 LABEL_GID = "percentile-label"
 _LABEL_FONT = 8.0
@@ -80,24 +91,28 @@ def latency_cdf_figure(
     # Names without a colour of their own skip the ones taken by named publishers of this plot.
     taken = {_COLOURS[name] for name in latencies_ms if name in _COLOURS}
     others = iter([colour for colour in _OTHER_COLOURS if colour not in taken] * len(latencies_ms))
-    for name, ordered in latencies_ms.items():
+    for index, (name, ordered) in enumerate(latencies_ms.items()):
         colours[name] = _COLOURS.get(name) or next(others)
         if name not in shown:
             continue
+        width, style = _LINE_STYLES[min(index, len(_LINE_STYLES) - 1)]
+        marker = _MARKERS[index % len(_MARKERS)]
         ordered = shown[name]
         count = len(ordered)
         # plotting positions (i + 0.5) / n stay inside (0, 1), where the logit scale is defined
         shares = [(rank + 0.5) / count for rank in range(count)]
         highest_share = max(highest_share, shares[-1])
         axes.step(
-            ordered, shares, where="post", color=colours[name], linewidth=1.8, label=f"{name} ({count:,})"
-        )
+            ordered, shares, where="post", color=colours[name], linewidth=width, linestyle=style,
+            label=f"{name} ({count:,})", zorder=2 + index,
+        )  # fmt: skip
         for key, percentile, _ in PERCENTILES:
             value = results.get(name, {}).get(f"{key}_ms")
             if value is not None:
                 axes.plot(
-                    [value], [percentile / 100.0], marker="o", color=colours[name], markersize=5, zorder=3
-                )
+                    [value], [percentile / 100.0], marker=marker, color=colours[name], markersize=5,
+                    zorder=10 + index, linestyle="none",
+                )  # fmt: skip
     axes.set_xscale("log")
     axes.set_yscale("logit")
     # room above the p99.9 row even for short runs, so its marker and label sit clear of the frame
@@ -207,6 +222,70 @@ def plot_latency_cdf(
     path.parent.mkdir(parents=True, exist_ok=True)
     figure = latency_cdf_figure(latencies_ms, results=results, title=title, subtitle=subtitle)
     try:
+        figure.savefig(path, format="png")
+    finally:
+        plt.close(figure)
+    return path
+
+
+def plot_frontier(
+    predictions: Sequence[Any],
+    path: str | Path,
+    *,
+    recommended: str | None = None,
+    measured_p99_ms: float | None = None,
+    title: str = "Predicted p99 publish latency against extra RPCs",
+    subtitle: str | None = None,
+) -> Path:
+    """Plot ``hedgepub advise``'s predictions: extra RPCs per publish (x) against predicted p99 (y).
+
+    Fixed delays are circles, adaptive ones triangles; the frontier (no other setting is better on both
+    axes) is joined by a line; the recommended setting is ringed and named. ``predictions`` are
+    :class:`~hedgepub.bench._advise.Prediction` objects. Returns the path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hedgepub.bench._advise import frontier
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(8.5, 5.5), dpi=_DPI)
+    try:
+        for adaptive, marker, colour, label in (
+            (False, "o", "#1f77b4", "fixed delay"),
+            (True, "^", "#2ca02c", "adaptive delay"),
+        ):
+            chosen = [
+                p for p in predictions if p.delay.startswith("adaptive") == adaptive and p.name != "unhedged"
+            ]
+            if chosen:
+                axes.scatter(
+                    [p.extra_rpcs * 100 for p in chosen], [p.p99_ms for p in chosen], marker=marker,
+                    color=colour, alpha=0.55, s=28, label=label, zorder=3,
+                )  # fmt: skip
+        for p in predictions:
+            if p.name == "unhedged":
+                axes.scatter([0], [p.p99_ms], marker="s", color=_COLOURS["unhedged"], s=50, zorder=4,
+                             label="unhedged")  # fmt: skip
+        best = frontier(predictions)
+        axes.plot([p.extra_rpcs * 100 for p in best], [p.p99_ms for p in best], color="0.3", linewidth=1.2,
+                  linestyle="--", label="frontier", zorder=2)  # fmt: skip
+        if measured_p99_ms is not None:
+            axes.axhline(measured_p99_ms, color=_COLOURS["unhedged"], linewidth=0.8, alpha=0.6)
+        for p in predictions:
+            if p.name == recommended:
+                axes.scatter([p.extra_rpcs * 100], [p.p99_ms], s=180, facecolors="none", edgecolors="black",
+                             linewidths=1.6, zorder=5, label=f"recommended: {p.name}")  # fmt: skip
+        axes.set_yscale("log")
+        axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda ms, _: f"{ms:g} ms"))
+        axes.set_xlabel("extra RPCs per publish (%)")
+        axes.set_ylabel("predicted p99 latency (log scale)")
+        axes.grid(True, which="major", alpha=0.35)
+        axes.legend(loc="upper right", fontsize=8)
+        _titles(figure, title, subtitle)
         figure.savefig(path, format="png")
     finally:
         plt.close(figure)

@@ -59,12 +59,24 @@ class LatencyRecorder:
 
     histogram: HdrHistogram = field(default_factory=lambda: HdrHistogram(_LOWEST_US, _HIGHEST_US, 3))
     latencies_ms: list[float] = field(default_factory=list)
+    #: When each publish started, in seconds from the start of the measured period (same order as
+    #: ``latencies_ms``); ``hedgepub advise`` replays the latencies at these moments.
+    sent_at_s: list[float] = field(default_factory=list)
 
-    def record(self, seconds: float) -> None:
-        """Record one publish that took ``seconds``."""
+    def record(self, seconds: float, sent_at: float | None = None) -> None:
+        """Record one publish that took ``seconds`` and started ``sent_at`` s into the measured period."""
         microseconds = min(max(round(seconds * 1_000_000), _LOWEST_US), _HIGHEST_US)
         self.histogram.record_value(microseconds)
         self.latencies_ms.append(seconds * 1000.0)
+        if sent_at is not None:
+            self.sent_at_s.append(sent_at)
+
+    def samples(self) -> dict[str, list[float]]:
+        """The per-publish record for ``results.json``: send times (s) and latencies (ms), rounded."""
+        return {
+            "sent_at_s": [round(value, 6) for value in self.sent_at_s],
+            "latency_ms": [round(value, 3) for value in self.latencies_ms],
+        }
 
     @property
     def count(self) -> int:
@@ -98,12 +110,13 @@ class PublisherResult:
     attempts_per_publish: float
     hedges_sent: int
     hedges_won: int
-    duplicates: int
+    #: Extra stored copies; ``None`` where not counted (a bench against a remote service).
+    duplicates: int | None
     #: The hedge delay at the end of the measured period (the adaptive one moves); ``None`` unhedged.
     hedge_delay_ms: float | None = None
     #: Copies left once the stored messages go through :class:`~hedgepub.Deduplicator` (0 when the
     #: publisher stamped idempotency keys; as many as ``duplicates`` when it did not).
-    duplicates_after_dedup: int = 0
+    duplicates_after_dedup: int | None = 0
     #: Hedges sent to each endpoint during the measured period: ``primary``, and ``second`` (the
     #: correlated-stalls scenario's other server).
     hedges_by_endpoint: Mapping[str, int] = field(default_factory=dict)
@@ -117,7 +130,7 @@ class PublisherResult:
         attempts_sent: int,
         hedges_sent: int,
         hedges_won: int,
-        duplicates: int,
+        duplicates: int | None,
         hedge_delay_ms: float | None = None,
         duplicates_after_dedup: int | None = None,
         hedges_by_endpoint: Mapping[str, int] | None = None,
@@ -160,18 +173,27 @@ def _json_number(value: Any) -> Any:
     return round(value, 3)
 
 
-def results_document(config: Mapping[str, Any], results: Mapping[str, PublisherResult]) -> dict[str, Any]:
+def results_document(
+    config: Mapping[str, Any],
+    results: Mapping[str, PublisherResult],
+    samples: Mapping[str, Mapping[str, list[float]]] | None = None,
+) -> dict[str, Any]:
     """The ``results.json`` document: ``{"config": {...}, "results": {"unhedged": {...}, NAME: ...}}``.
 
     ``results`` must hold the unhedged publisher and at least one other; the unhedged one comes first.
+    ``samples`` (per publisher: ``sent_at_s`` and ``latency_ms`` of every successful publish) are kept
+    under ``"samples"``, where ``hedgepub advise`` reads them.
     """
     if UNHEDGED not in results or len(results) < 2:
         raise ValueError(f"results need {UNHEDGED!r} and at least one hedged publisher; got {list(results)}")
     order = [UNHEDGED, *(name for name in results if name != UNHEDGED)]
-    return {
+    document: dict[str, Any] = {
         "config": dict(config),
         "results": {name: results[name].to_dict() for name in order},
     }
+    if samples is not None:
+        document["samples"] = {name: dict(samples[name]) for name in order if name in samples}
+    return document
 
 
 def write_results_json(document: Mapping[str, Any], path: str | Path) -> Path:
@@ -219,7 +241,7 @@ def _rows(document: Mapping[str, Any]) -> Iterable[list[str]]:
         ("duplicates", "duplicates on server"),
         ("duplicates_after_dedup", "duplicates after dedup"),
     ):
-        yield [label, *(str(results[n].get(key, "-")) for n in names)]
+        yield [label, *("-" if results[n].get(key) is None else str(results[n][key]) for n in names)]
     endpoints = list(dict.fromkeys(e for n in names for e in results[n].get("hedges_by_endpoint") or {}))
     if endpoints != ["primary"] and endpoints:
         # Only worth a row each when hedges went somewhere other than the primary.

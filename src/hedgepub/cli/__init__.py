@@ -15,6 +15,7 @@ import click
 _COMMANDS: dict[str, str] = {
     "serve": "hedgepub.cli._serve:serve",
     "bench": "hedgepub.cli._bench:bench",
+    "advise": "hedgepub.cli._advise:advise_command",
     "topics": "hedgepub.cli._admin:topics",
     "subscriptions": "hedgepub.cli._admin:subscriptions",
     "publish": "hedgepub.cli._admin:publish",

@@ -1,11 +1,17 @@
-"""``hedgepub bench``: the tail-latency experiment, unhedged against hedged, as a table, a plot and JSON."""
+"""``hedgepub bench``: the tail-latency experiment, unhedged against hedged, as a table, a plot and JSON.
+
+Exit codes: 0 done; 1 the run failed or was declined at the prompt; 2 bad usage; 3 no server answers at
+the endpoint; 130 interrupted (Ctrl-C): the partial results measured so far are written.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import click
 from rich.console import Console
@@ -20,17 +26,35 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from hedgepub import HedgepubError
+from hedgepub import HedgepubError, RpcError, StatusCode
 from hedgepub.bench import (
     DEFAULT_MIX,
     DEFAULT_STALL,
     SCENARIOS,
     BenchConfig,
+    BenchInterrupted,
+    BenchRun,
+    RemoteTarget,
+    default_project,
     plot_latency_cdf,
     print_report,
+    resource_path,
     run_bench,
+    run_remote_bench,
     write_results_json,
 )
+
+EXIT_UNREACHABLE = 3
+#: The shell's code for a process ended by SIGINT: the bench stopped early (partial results written).
+EXIT_INTERRUPTED = 130
+#: The plot file of each scenario, so that one run does not overwrite another's.
+PLOT_FILES = {
+    "latency-mix": "tail-latency.png",
+    "correlated-stalls": "correlated-stalls.png",
+    "reference": "reference.png",
+}
+#: Pub/Sub bills each publish request as at least this many bytes.
+_BILLED_MINIMUM_BYTES = 1000
 
 _DEFAULTS = BenchConfig()
 #: The hedge delay of the correlated-stalls scenario unless --hedge-delay gives one.
@@ -54,6 +78,7 @@ class _ProgressBar:
             transient=False,
         )
         self._task: TaskID | None = None
+        self._interrupted = False
 
     def __enter__(self) -> _ProgressBar:
         self._progress.__enter__()
@@ -67,6 +92,14 @@ class _ProgressBar:
     ) -> None:
         self._finish_task()
         self._progress.__exit__(exc_type, exc, traceback)
+
+    def interrupted(self) -> None:
+        """The run was stopped early: leave the current bar where it stood, and say so."""
+        if self._task is not None:
+            task = self._progress.tasks[self._task]
+            self._progress.update(self._task, description=f"{task.description} [yellow](interrupted)[/]")
+            self._progress.stop_task(self._task)
+            self._task = None
 
     def _finish_task(self) -> None:
         if self._task is not None:
@@ -135,13 +168,23 @@ _check_stall = _checked_by("StallWindows")
 _check_mix = _checked_by("LatencyMix")
 
 
-@click.command(short_help="Compare publish tail latency without and with hedging.")
+@click.command(
+    short_help="Compare publish tail latency without and with hedging.",
+    epilog="Exit codes: 0 done; 1 the run failed or was declined at the prompt; 2 bad usage; "
+    "3 no server at the endpoint; 130 interrupted (Ctrl-C; the partial results are written).",
+)
 @click.option(
     "--messages",
     type=click.IntRange(min=1),
     default=_DEFAULTS.messages,
     show_default=True,
     help="Measured publishes per publisher.",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Measure for this many seconds instead of a count (--messages is then DURATION x RATE).",
 )
 @click.option(
     "--rate",
@@ -204,7 +247,8 @@ _check_mix = _checked_by("LatencyMix")
     help="latency-mix: the MIX on one server. correlated-stalls: two servers, the primary with stall "
     "windows (--stall), and three publishers: unhedged, hedged (on the primary) and cross_endpoint "
     "(hedges to the second server); one fixed --hedge-delay (default 0.1), --messages 1800 by default, "
-    "MIX unused.",
+    "MIX unused. reference: the Go and Rust clients' hedging benchmark (their MIX, 200/s fixed, 1 KiB, "
+    "5 s warm-up on the workload, 30 s, --hedge-delay 0.1, 50 tokens, refill 0.1; options given win).",
 )
 @click.option(
     "--stall",
@@ -227,12 +271,52 @@ _check_mix = _checked_by("LatencyMix")
     "does not).",
 )
 @click.option(
+    "--message-size",
+    type=click.IntRange(0, 10_000_000),
+    default=0,
+    help="Bytes of data per message  [default: a short payload of about 20 bytes]",
+)
+@click.option(
+    "--warmup-seconds",
+    type=click.FloatRange(0, 3600),
+    default=0.0,
+    help="Warm up on the measured workload itself for this long (latency injected, not recorded) "
+    "instead of fast publishes until the bucket is full.",
+)
+@click.option(
+    "--endpoint",
+    metavar="ENDPOINT",
+    default=None,
+    help="Bench a running service instead of the bench's own server (needs --topic): HOST:PORT, "
+    "http://HOST:PORT or https://HOST[:PORT]  [default: PUBSUB_EMULATOR_HOST, else Google Cloud "
+    "Pub/Sub with Application Default Credentials over TLS]",
+)
+@click.option(
+    "--topic",
+    default=None,
+    help="The topic to publish to on the running service (short ID or full path); giving it benches "
+    "that service. Nothing is injected there: the latency is the service's own.",
+)
+@click.option(
+    "--project",
+    default=default_project,
+    show_default="PUBSUB_PROJECT_ID, GOOGLE_CLOUD_PROJECT or local-project",
+    help="Project of a short --topic ID.",
+)
+@click.option(
+    "--create-topic",
+    is_flag=True,
+    help="Create --topic before the run and delete it afterwards.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before publishing to a running service.")
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("bench-results"),
     show_default=True,
-    help="Directory for results.json and tail-latency.png.",
+    help="Directory for results.json and the plot (tail-latency.png; correlated-stalls.png and "
+    "reference.png for those scenarios).",
 )
 def bench(
     messages: int,
@@ -248,6 +332,14 @@ def bench(
     stall: str,
     idempotency_key: bool,
     dedup_hedges: bool,
+    duration: float | None,
+    message_size: int,
+    warmup_seconds: float,
+    endpoint: str | None,
+    topic: str | None,
+    project: str,
+    create_topic: bool,
+    yes: bool,
     out_dir: Path,
 ) -> None:
     """Measure publish latency without and with hedging, side by side, on a local server.
@@ -260,14 +352,41 @@ def bench(
 
     --scenario correlated-stalls runs two servers instead: the primary stalls every publish that arrives
     in a window (--stall, 500 ms every 5 s), and hedges to the second server escape the window.
+    --scenario reference runs the Go and Rust clients' hedging benchmark workload.
+
+    With --topic, the same experiment runs against a running service instead (--endpoint, else
+    PUBSUB_EMULATOR_HOST, else Google Cloud Pub/Sub): every publisher publishes to that topic, nothing is
+    injected, and the command first shows what it will publish and asks (unless --yes).
+
+    Ctrl-C stops the run early: what was measured so far is reported and written (exit code 130).
     """
     context = click.get_current_context()
+
+    def given(name: str) -> bool:
+        return context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+
+    if scenario == "reference":
+        reference = BenchConfig.reference()
+        # The scenario's settings, except where an option was given.
+        mix = mix if given("mix") else reference.mix
+        rate = rate if given("rate") else reference.rate
+        messages = messages if given("messages") else reference.messages
+        arrivals = arrivals if given("arrivals") else reference.arrivals
+        message_size = message_size if given("message_size") else reference.message_size
+        warmup_seconds = warmup_seconds if given("warmup_seconds") else reference.warmup_seconds
+        hedge_delays = hedge_delays if given("hedge_delays") else reference.hedge_delays
     if scenario == "correlated-stalls":
         # The scenario's own defaults: one fixed hedge delay, and nine stall periods (under a minute).
         if context.get_parameter_source("hedge_delays") is click.core.ParameterSource.DEFAULT:
             hedge_delays = (_STALL_HEDGE_DELAY,)
         if context.get_parameter_source("messages") is click.core.ParameterSource.DEFAULT:
             messages = _STALL_MESSAGES
+    if duration is not None:
+        if given("messages"):
+            raise click.UsageError("give --messages or --duration, not both")
+        messages = max(1, round(duration * rate))
+    if (endpoint is not None or create_topic) and topic is None:
+        raise click.UsageError("--endpoint and --create-topic bench a running service: give its --topic")
     try:
         config = BenchConfig(
             messages=messages,
@@ -283,10 +402,22 @@ def bench(
             stall=stall,
             idempotency_key=idempotency_key,
             dedup_hedges=dedup_hedges,
+            message_size=message_size,
+            warmup_seconds=warmup_seconds,
         )
+        if topic is not None:
+            if config.scenario == "correlated-stalls":
+                raise ValueError("--scenario correlated-stalls needs the bench's own servers: drop --topic")
+            remote: RemoteTarget | None = RemoteTarget(endpoint, resource_path(project, "topics", topic))
+        else:
+            remote = None
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     console = Console()
+    if remote is not None:
+        _confirm_remote(console, config, remote, create_topic=create_topic, yes=yes)
+        _run_remote(console, config, remote, create_topic=create_topic, out_dir=out_dir)
+        return
     injected = (
         f"stalls on the primary's Publish {config.stall} (a second server takes cross-endpoint hedges)"
         if config.scenario == "correlated-stalls"
@@ -298,15 +429,43 @@ def bench(
         f"hedge delays {_delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )
+    run = _run_with_progress(console, lambda progress: run_bench(config, progress))
+    _write_outputs(console, config, run, out_dir)
+
+
+def _run_with_progress(console: Console, start: Callable[[_ProgressBar], Any]) -> BenchRun:
+    """Run the experiment under progress bars; Ctrl-C before anything is measured exits with 130."""
     try:
         with _ProgressBar(console) as progress:
-            run = asyncio.run(run_bench(config, progress))
+            run: BenchRun = asyncio.run(start(progress))
+            if run.interrupted:
+                progress.interrupted()
+    except BenchInterrupted as error:
+        console.print(f"[yellow]{error}[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except RpcError as error:
+        if error.code is StatusCode.UNAVAILABLE:
+            console.print(f"[red]error[/]: cannot reach a Pub/Sub server: {error}")
+            sys.exit(EXIT_UNREACHABLE)
+        raise click.ClickException(f"the bench could not run: {error}") from error
     except HedgepubError as error:  # the warm-up publishes must succeed: nothing was measured yet
         raise click.ClickException(f"the bench could not run: {error}") from error
+    return run
+
+
+def _write_outputs(console: Console, config: BenchConfig, run: BenchRun, out_dir: Path) -> None:
+    """Print the table, write results.json and the scenario's plot; exit 130 after an interrupted run."""
     print_report(run.document, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
-    if config.scenario == "correlated-stalls":
+    target = run.document["config"].get("target")
+    if target is not None:
+        title = f"Publish latency on {target['topic']}: unhedged vs hedged"
+        subtitle = (
+            f"endpoint {target['endpoint'] or 'default'}; hedge delays {_delay_text(config.hedge_delays)}; "
+            f"{config.messages:,} publishes each at {config.rate:g}/s"
+        )
+    elif config.scenario == "correlated-stalls":
         title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"
         subtitle = (
             f"primary stalls {config.stall}; hedge delay {_delay_text(config.hedge_delays)}; "
@@ -320,7 +479,7 @@ def bench(
         )
     plot_path = plot_latency_cdf(
         run.latencies_ms,
-        out_dir / "tail-latency.png",
+        out_dir / PLOT_FILES[config.scenario],
         results=run.document["results"],
         title=title,
         subtitle=subtitle,
@@ -333,4 +492,93 @@ def bench(
     for name, count in run.missing.items():
         if count:
             console.print(f"[red]warning[/]: {count} {name} publishes reported success but are not stored")
+    if run.interrupted:
+        measured = min(result.published + result.failed for result in run.results.values())
+        console.print(
+            f"[yellow]interrupted[/]: partial results, about {measured:,} of {config.messages:,} "
+            f"publishes per publisher measured; wrote {json_path} and {plot_path}"
+        )
+        sys.exit(EXIT_INTERRUPTED)
     console.print(f"wrote {json_path} and {plot_path}")
+
+
+def _estimate(config: BenchConfig) -> tuple[int, int, int]:
+    """(publishes, bytes of data, billed bytes at most) a run against a service sends, hedges included.
+
+    Every publisher publishes every message of the warm-up and of the measured period; each hedged one
+    may add up to its bucket's size plus ``refill_ratio`` per publish in hedges.
+    """
+    publishers = config.publishers()
+    per_publisher = config.messages + config.warmup_target() + config.warmup_schedule_publishes()
+    publishes = per_publisher * len(publishers)
+    hedges = sum(
+        min(per_publisher, spec.hedging.max_tokens + int(per_publisher * spec.hedging.refill_ratio))
+        for spec in publishers
+        if spec.hedging is not None
+    )
+    data = (publishes + hedges) * config.payload_bytes()
+    billed = (publishes + hedges) * max(_BILLED_MINIMUM_BYTES, config.payload_bytes() + 100)
+    return publishes, data, billed
+
+
+def _confirm_remote(
+    console: Console, config: BenchConfig, remote: RemoteTarget, *, create_topic: bool, yes: bool
+) -> None:
+    """Say what a run against a service will publish, and ask unless ``yes``."""
+    publishes, data, billed = _estimate(config)
+    endpoint = remote.endpoint or "PUBSUB_EMULATOR_HOST or Google Cloud Pub/Sub (pubsub.googleapis.com)"
+    console.print(
+        f"[bold]hedgepub bench[/] against {endpoint}, topic {remote.topic}"
+        f"{' (created now, deleted afterwards)' if create_topic else ''}:\n"
+        f"  {len(config.publishers())} publishers ({', '.join(s.name for s in config.publishers())}), "
+        f"{config.messages:,} measured publishes each at {config.rate:g}/s (about "
+        f"{config.expected_seconds():.0f} s) after a warm-up of "
+        f"{config.warmup_target() + config.warmup_schedule_publishes():,};\n"
+        f"  {publishes:,} messages of {config.payload_bytes():,} bytes ({data / 1e6:,.1f} MB with hedges); "
+        f"estimated publish volume at most {billed / 1e6:,.1f} MB (each request billed as at least "
+        f"{_BILLED_MINIMUM_BYTES:,} bytes), hedges included"
+    )
+    if not yes and not click.confirm("Publish these messages?", default=False):
+        raise click.ClickException("declined: nothing was published")
+
+
+def _admin_client(endpoint: str | None) -> Any:
+    """An AdminClient for ``endpoint``; for Google Cloud Pub/Sub, with Application Default Credentials."""
+    from hedgepub._transport.grpc import DEFAULT_ENDPOINT, resolve_endpoint
+    from hedgepub.bench import AdminClient
+
+    target = resolve_endpoint(endpoint)
+    if target.target != DEFAULT_ENDPOINT:
+        return AdminClient(endpoint)
+    import google.auth
+    import google.auth.transport.requests
+
+    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/pubsub"])
+    credentials.refresh(google.auth.transport.requests.Request())
+    return AdminClient(DEFAULT_ENDPOINT, access_token=credentials.token)
+
+
+def _run_remote(
+    console: Console, config: BenchConfig, remote: RemoteTarget, *, create_topic: bool, out_dir: Path
+) -> None:
+    """The bench against a running service: create the topic if asked, run, delete it again."""
+    admin = None
+    if create_topic:
+        admin = _admin_client(remote.endpoint)
+        try:
+            admin.create_topic(remote.topic)
+        except RpcError as error:
+            admin.close()
+            code = EXIT_UNREACHABLE if error.code is StatusCode.UNAVAILABLE else 1
+            console.print(f"[red]error[/]: cannot create {remote.topic}: {error}")
+            sys.exit(code)
+    try:
+        run = _run_with_progress(console, lambda progress: run_remote_bench(config, remote, progress))
+    finally:
+        if admin is not None:
+            try:
+                admin.delete_topic(remote.topic)
+            except RpcError as error:
+                console.print(f"[yellow]warning[/]: could not delete {remote.topic}: {error}")
+            admin.close()
+    _write_outputs(console, config, run, out_dir)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from hedgepub._wire import EMULATOR_HOST_ENV
+
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
     from hedgepub.server._pubsub.hedge_dedup import HedgeDedupCounts
@@ -183,7 +185,7 @@ def serve(
             click.echo(f"endpoint=https://{server.address}")
         else:
             click.echo(f"ready in {elapsed:.2f} s; Ctrl-C to stop. Point clients at it with:", err=True)
-            click.echo(f"export PUBSUB_EMULATOR_HOST={server.address}")
+            click.echo(f"export {EMULATOR_HOST_ENV}={server.address}")
         sys.stdout.flush()
 
     dedup_counts: list[HedgeDedupCounts] = []

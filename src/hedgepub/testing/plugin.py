@@ -30,8 +30,9 @@ def pubsub_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
 
     ``PUBSUB_EMULATOR_HOST`` is set to its address for the duration of the test.
     """
+    from hedgepub._wire import EMULATOR_HOST_ENV
     from hedgepub.server import LocalServer
 
     with LocalServer(in_memory=True) as server:
-        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+        monkeypatch.setenv(EMULATOR_HOST_ENV, server.address)
         yield server

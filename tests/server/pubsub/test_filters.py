@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -88,6 +89,10 @@ BAD = [
     ('hasPrefix(attributes:a, "x")', ["position 21"]),
     ('attributes.a = "\\q"', ["position 17", "escape"]),
     ('attributes.a = "\\uD800"', ["not a valid character"]),
+    ('attributes.a = "\\x0"', ["position 17", "needs 2 hex digits"]),
+    ('attributes.a = "\\x"', ["position 17", "needs 2 hex digits"]),
+    ('attributes.a = "\\u12"', ["position 17", "needs 4 hex digits"]),
+    ('attributes.a = "\\U0001F60"', ["position 17", "needs 8 hex digits"]),
     ("attributes:a AND", ["ends early"]),
     ("()", ["position 2"]),
     ('attributes.a.b = "x"', ["position 13"]),
@@ -225,3 +230,53 @@ def test_any_text_parses_or_is_invalid_argument(text: str) -> None:
         assert "position" in error.message or "bytes long" in error.message
     else:
         assert predicate({"k": "v"}) in (True, False)
+
+
+#: ``HEDGEPUB_TRUST_EXAMPLES`` multiplies the number of cases of the fuzz tests below (as in tests/trust).
+SCALE = int(os.environ.get("HEDGEPUB_TRUST_EXAMPLES", "") or 1)
+_LITERAL_PIECES = st.sampled_from(
+    [
+        "\\",
+        "\\x",
+        "\\u",
+        "\\U",
+        "\\0",
+        "\\7",
+        "0",
+        "1",
+        "9",
+        "a",
+        "F",
+        "g",
+        "D8",
+        "00",
+        '\\"',
+        "'",
+        "q",
+        " ",
+        "\u00e9",
+    ]
+)
+
+
+@settings(max_examples=1000 * SCALE, deadline=None)
+@given(st.lists(_LITERAL_PIECES, max_size=30).map("".join), st.sampled_from(['"', "'"]))
+def test_any_string_literal_parses_or_is_invalid_argument(body: str, quote: str) -> None:
+    """Escapes cut short (``\\x0``, ``\\u12``), out of range or unknown: INVALID_ARGUMENT, never a crash."""
+    for text in (f"attributes.a = {quote}{body}{quote}", f"hasPrefix(attributes.{quote}{body}{quote}, 'x')"):
+        try:
+            predicate = compile_filter(text)
+        except ServiceError as error:
+            assert error.code == StatusCode.INVALID_ARGUMENT
+        else:
+            assert predicate({"a": "v"}) in (True, False)
+
+
+@pytest.mark.parametrize("opening", ["(", "NOT ", "-", "NOT (", "-("])
+def test_nesting_up_to_the_length_limit_compiles(opening: str) -> None:
+    """The deepest nesting 256 bytes allow parses and evaluates without exhausting the stack."""
+    closing = ")" * opening.count("(")
+    depth = (MAX_FILTER_BYTES - len("attributes:a")) // (len(opening) + len(closing))
+    text = opening * depth + "attributes:a" + closing * depth
+    assert len(text.encode()) <= MAX_FILTER_BYTES
+    assert compile_filter(text)({"a": "v"}) in (True, False)

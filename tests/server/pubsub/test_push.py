@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import time
 from typing import Any
 
 import pytest
@@ -297,3 +298,43 @@ def test_ordering_keys_are_pushed_in_order(
     ]
     assert acknowledged == [str(i) for i in range(10)]
     publisher.stop()
+
+
+def test_a_redirect_is_not_followed_and_not_an_acknowledgement(
+    server: LocalServer,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    push_endpoint: Any,
+) -> None:
+    """Only 102/200/201/202/204 acknowledge: a 302 to a page answering 200 is a nack; no GET follows."""
+    publisher.create_topic(name=TOPIC)
+    push_endpoint.status = 302
+    push_endpoint.location = push_endpoint.url.replace("/push", "/landed")
+    subscriber.create_subscription(
+        request={"name": SUBSCRIPTION, "topic": TOPIC, "push_config": {"push_endpoint": push_endpoint.url}}
+    )
+    publisher.publish(TOPIC, b"moved").result(timeout=30)
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 3)  # pushed again: not acknowledged
+    assert {request.path for request in push_endpoint.requests} == {"/push"}
+    push_endpoint.status, push_endpoint.location = 200, None
+    assert server.wait_until_idle(timeout=10)
+
+
+def test_a_huge_answer_body_is_not_read(
+    server: LocalServer,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    push_endpoint: Any,
+) -> None:
+    """An endpoint answering 200 with 256 MiB of body: the message is acknowledged and the server stops
+    reading after a small bound (what the endpoint got out is at most the bound plus socket buffers)."""
+    publisher.create_topic(name=TOPIC)
+    push_endpoint.answer_bytes = 256 * 1024 * 1024
+    subscriber.create_subscription(
+        request={"name": SUBSCRIPTION, "topic": TOPIC, "push_config": {"push_endpoint": push_endpoint.url}}
+    )
+    publisher.publish(TOPIC, b"big answer").result(timeout=30)
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 1)
+    assert server.wait_until_idle(timeout=10)
+    time.sleep(0.5)
+    assert push_endpoint.answer_bytes_sent < 32 * 1024 * 1024

@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from aiohttp import ClientPayloadError
 from google.api_core import exceptions as api_exceptions
 from google.iam.v1 import iam_policy_pb2
 from google.protobuf import descriptor, empty_pb2, json_format
@@ -40,6 +41,8 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from hedgepub.server._front.front import REST_CLIENT_METADATA, peer_name
+from hedgepub.server._pubsub.limits import ServiceError
+from hedgepub.server._pubsub.nesting import load_json
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -70,6 +73,15 @@ SYSTEM_PARAMETERS = frozenset({"alt", "prettyPrint", "$.xgafv", "key", "fields",
 
 #: Largest REST request body: a 10 MB Publish, base64-encoded, plus the JSON around it.
 MAX_BODY_BYTES = 20 * 1024 * 1024
+
+#: Longest ``X-Server-Timeout`` taken as given; a longer one is cut to this (no call lasts as long).
+MAX_SERVER_TIMEOUT_SECONDS = 24 * 3600.0
+#: How long a client may take to send a request's body once its head is in, before a 408 answer.
+BODY_TIMEOUT_SECONDS = 60.0
+#: How long a client may take to send a request's head (from its first byte), before the connection is
+#: closed; and how long an idle kept-alive connection stays open.
+HEAD_TIMEOUT_SECONDS = 30.0
+KEEPALIVE_TIMEOUT_SECONDS = 75.0
 
 _VARIABLE = re.compile(r"\{([\w.]+)(?:=([^}]*))?\}")
 
@@ -310,13 +322,72 @@ def _set_path_field(request: Message, path: str, value: str) -> None:
 
 def _parse_json(text: bytes, message: Message) -> None:
     try:
-        document = json.loads(text)
+        document = load_json(text, "The JSON payload")
     except ValueError as error:
         raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid JSON payload received. {error}") from None
+    except ServiceError as error:
+        raise RestError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"Invalid JSON payload received. {error.message}"
+        ) from None
+    if not isinstance(document, dict):
+        raise RestError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Invalid JSON payload received. Expected an object, got {type(document).__name__}: "
+            f"{text[:40].decode('utf-8', 'replace')!r}.",
+        )
+    _check_base64(document, message.DESCRIPTOR)
     try:
         json_format.ParseDict(document, message)
-    except json_format.ParseError as error:
+    except (json_format.ParseError, RecursionError, TypeError, ValueError) as error:
         raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid JSON payload received. {error}") from None
+
+
+#: Base64 as the proto3 JSON mapping takes it for ``bytes``: the standard or the URL-safe alphabet, with or
+#: without padding, and nothing else (the protobuf library itself drops characters outside the alphabet).
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]*={0,2}\Z")
+
+
+def _check_base64(document: dict[str, Any], message_descriptor: descriptor.Descriptor) -> None:
+    """Refuse a ``bytes`` field of the JSON ``document`` whose text is not base64 (a loop, no recursion)."""
+    pending: list[tuple[Any, descriptor.Descriptor, str]] = [(document, message_descriptor, "")]
+    while pending:
+        value, current, path = pending.pop()
+        if not isinstance(value, dict):
+            continue
+        for name, item in value.items():
+            field = current.fields_by_name.get(name) or next(
+                (candidate for candidate in current.fields if candidate.json_name == name), None
+            )
+            if field is None:
+                continue  # the JSON parser says what is wrong with an unknown name
+            where = f"{path}{name}"
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                value_field = field.message_type.fields_by_name["value"]
+                if isinstance(item, dict):
+                    for key, entry in item.items():
+                        _queue(pending, value_field, entry, f"{where}[{key!r}]")
+                continue
+            for index, element in enumerate(
+                item if _is_repeated(field) and isinstance(item, list) else [item]
+            ):
+                _queue(pending, field, element, f"{where}[{index}]." if _is_repeated(field) else f"{where}.")
+
+
+def _queue(
+    pending: list[tuple[Any, descriptor.Descriptor, str]],
+    field: descriptor.FieldDescriptor,
+    value: Any,
+    where: str,
+) -> None:
+    if field.type == descriptor.FieldDescriptor.TYPE_BYTES:
+        if isinstance(value, str) and (len(value.rstrip("=")) % 4 == 1 or not _BASE64.match(value)):
+            raise RestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Invalid value at '{where.rstrip('.')}' (TYPE_BYTES), Base64 decoding failed for "
+                f"{value[:40]!r}",
+            )
+    elif field.message_type is not None:
+        pending.append((value, field.message_type, where))
 
 
 def build_request(
@@ -405,6 +476,13 @@ class RestGateway:
             metadata: list[tuple[str, str]] = []
             authorization = headers.get("authorization")
             if authorization:
+                if not authorization.isascii() or not authorization.isprintable():
+                    # gRPC metadata carries printable ASCII only: such a header can hold no valid token.
+                    raise RestError(
+                        grpc.StatusCode.UNAUTHENTICATED,
+                        "Request had invalid authentication credentials: the Authorization header is not "
+                        "printable ASCII.",
+                    )
                 metadata.append(("authorization", authorization))
             if client:
                 metadata.append((REST_CLIENT_METADATA, client))
@@ -427,7 +505,10 @@ def _server_timeout(header: str | None) -> float | None:
         seconds = float(header)
     except ValueError:
         return None
-    return seconds if math.isfinite(seconds) and seconds > 0 else None
+    if not (math.isfinite(seconds) and seconds > 0):
+        return None
+    # gRPC keeps a deadline in 64-bit nanoseconds: a larger one (1e300) overflows into one already past.
+    return min(seconds, MAX_SERVER_TIMEOUT_SECONDS)
 
 
 def _error_json(code: grpc.StatusCode, message: str, details: Iterable[dict[str, Any]] = ()) -> bytes:
@@ -448,6 +529,13 @@ def http_protocol_factory(
     documents = dict(pages or {})
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await answer(request)
+        finally:
+            if isinstance(request.protocol, _RestProtocol):
+                request.protocol.request_done()
+
+    async def answer(request: web.BaseRequest) -> web.StreamResponse:
         raw_path = request.rel_url.raw_path
         if raw_path == "/" and request.method in ("GET", "HEAD"):
             # What the Google emulator answers too; scripts poll it to learn the server is up.
@@ -460,18 +548,32 @@ def http_protocol_factory(
                 logger.exception("GET %s failed", raw_path)
                 message = f"The server failed to make {raw_path}; see its log."
                 return web.json_response(error_body(grpc.StatusCode.INTERNAL, message), status=500)
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            # Refused by its declared length, before any of it is read (or asked for, below).
+            return _too_large()
         if request.version >= (1, 1) and request.headers.get("expect", "").lower() == "100-continue":
             # curl asks before sending a large body and waits a second for this; aiohttp's low-level
             # server leaves the answer to the handler (its web.Application sends it the same way).
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         try:
-            body = await request.read()
+            async with asyncio.timeout(BODY_TIMEOUT_SECONDS):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            message = f"Request payload size exceeds the limit: {MAX_BODY_BYTES} bytes."
-            payload = error_body(grpc.StatusCode.INVALID_ARGUMENT, message)
-            payload["error"]["code"] = 413
-            return web.json_response(payload, status=413)
+            return _too_large()
+        except TimeoutError:
+            message = f"The request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s."
+            payload = error_body(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+            payload["error"]["code"] = 408
+            response = web.json_response(payload, status=408)
+            response.force_close()
+            return response
+        except (ConnectionError, ClientPayloadError) as error:
+            # The client went away (or broke off its body): nobody is left to answer; not the server's fault.
+            logger.debug("REST %s %s: the body was cut short: %s", request.method, raw_path, error)
+            response = web.Response(status=400)
+            response.force_close()
+            return response
         try:
             transport = request.transport
             client = peer_name(transport.get_extra_info("peername")) if transport is not None else None
@@ -487,6 +589,9 @@ def http_protocol_factory(
         )
 
     def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        # The head is in: its timer stops (see _RestProtocol).
+        if isinstance(protocol, _RestProtocol):
+            protocol.head_complete()
         return web.BaseRequest(
             message,
             payload,
@@ -497,4 +602,67 @@ def http_protocol_factory(
             client_max_size=MAX_BODY_BYTES,
         )
 
-    return web.Server(handle, request_factory=make_request)
+    return _RestServer(handle, request_factory=make_request, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS)
+
+
+def _too_large() -> Any:
+    from aiohttp import web
+
+    message = f"Request payload size exceeds the limit: {MAX_BODY_BYTES} bytes."
+    payload = error_body(grpc.StatusCode.INVALID_ARGUMENT, message)
+    payload["error"]["code"] = 413
+    response = web.json_response(payload, status=413)
+    response.force_close()  # its body may still be on the way: the connection cannot carry another request
+    return response
+
+
+def _rest_server_classes() -> tuple[Any, Any]:
+    from aiohttp import web, web_protocol
+
+    class RestProtocol(web_protocol.RequestHandler):  # type: ignore[misc]
+        """aiohttp's HTTP/1.1 protocol with a time limit on each request's head (aiohttp has none): from
+        the first byte of a request until its head is parsed, at most :data:`HEAD_TIMEOUT_SECONDS`, or the
+        connection is closed (a client trickling a header a byte at a time holds nothing for long)."""
+
+        _head_timer: asyncio.TimerHandle | None = None
+        _in_request = False
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and not self._in_request and self.transport is not None:
+                self._head_timer = asyncio.get_running_loop().call_later(
+                    HEAD_TIMEOUT_SECONDS, self._head_too_slow
+                )
+            super().data_received(data)
+
+        def head_complete(self) -> None:
+            self._in_request = True
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def request_done(self) -> None:
+            self._in_request = False
+
+        def _head_too_slow(self) -> None:
+            self._head_timer = None
+            if self.transport is not None:
+                logger.debug("closing a REST connection: no request head within %g s", HEAD_TIMEOUT_SECONDS)
+                self.transport.close()
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            super().connection_lost(exc)
+
+    class RestServer(web.Server):  # type: ignore[misc]
+        """aiohttp's low-level server making :class:`RestProtocol` protocols."""
+
+        def __call__(self) -> Any:
+            kwargs = getattr(self, "_kwargs", {})
+            return RestProtocol(self, loop=self._loop, **kwargs)
+
+    return RestProtocol, RestServer
+
+
+_RestProtocol, _RestServer = _rest_server_classes()

@@ -75,6 +75,7 @@ _SIMPLE_ESCAPES = {
     "?": "?",
     "`": "`",
 }
+_HEX_ESCAPE_DIGITS = {"x": 2, "u": 4, "U": 8}
 _ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|[0-7]{3}|.)", re.DOTALL)
 
 _TOKEN_WORDS = {
@@ -112,7 +113,7 @@ def _unquote(token: Token) -> str:
 
     def decode(match: re.Match[str]) -> str:
         escape = match.group(1)
-        if escape[0] in "xuU":
+        if escape[0] in "xuU" and len(escape) > 1:
             code = int(escape[1:], 16)
         elif escape[0] in "01234567" and len(escape) == 3:
             code = int(escape, 8)
@@ -120,6 +121,9 @@ def _unquote(token: Token) -> str:
             return _SIMPLE_ESCAPES[escape]
         else:
             column = (token.column or 1) + 1 + match.start()
+            if escape in _HEX_ESCAPE_DIGITS:  # \x, \u or \U without all its hex digits
+                digits = _HEX_ESCAPE_DIGITS[escape]
+                raise _FilterError(column, f"escape sequence '\\{escape}' needs {digits} hex digits")
             raise _FilterError(column, f"unknown escape sequence '\\{escape}' in a string literal")
         if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
             column = (token.column or 1) + 1 + match.start()

@@ -22,9 +22,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
+from hedgepub._wire import BATCH_ID_KEY
 
 #: The metadata key hedgepub's publisher puts its batch id in.
-BATCH_ID_METADATA = "hedgepub-batch-id"
+BATCH_ID_METADATA = BATCH_ID_KEY
 #: How long a committed batch is remembered: the publisher's default total timeout, within which every
 #: attempt of a batch is sent.
 DEFAULT_WINDOW_SECONDS = 600.0

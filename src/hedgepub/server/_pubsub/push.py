@@ -10,10 +10,11 @@ same leases, ack IDs, ordering, retry back-off and dead-letter policy as Pull) a
   policy, ``deliveryAttempt``. Unwrapped (``no_wrapper``): the message data is the body; with
   ``write_metadata`` the attributes become headers, beside ``x-goog-pubsub-subscription-name``,
   ``x-goog-pubsub-message-id``, ``x-goog-pubsub-publish-time`` (and ``x-goog-pubsub-ordering-key``).
-- **Acknowledgement.** An answer of 102, 200, 201, 202 or 204 acknowledges the message; any other status,
-  a connection failure, or no answer within the subscription's ack deadline is a nack, which goes
-  through the subscription's retry policy (back-off per message) and dead-letter policy like a Pull
-  consumer's nack.
+- **Acknowledgement.** An answer of 102, 200, 201, 202 or 204 acknowledges the message; any other status
+  (a redirect too: it is not followed), a connection failure, or no answer within the subscription's
+  ack deadline is a nack, which goes through the subscription's retry policy (back-off per message) and
+  dead-letter policy like a Pull consumer's nack. At most :data:`MAX_RESPONSE_BODY_BYTES` of an answer's
+  body are read; the connection of a longer one is closed rather than drained.
 - **Push back-off.** After a failure the subscription stops delivering for a while, then tries again:
   100 ms after the first failure, doubling with each failure that follows (a failure of a request sent
   before the pause began does not double it again), at most 60 s, and back to none after a success. The
@@ -52,6 +53,9 @@ logger = logging.getLogger("hedgepub.server")
 
 #: HTTP statuses that acknowledge a pushed message.
 SUCCESS_STATUSES = frozenset({102, 200, 201, 202, 204})
+#: Most of a push answer's body read (only its status counts); the rest is not read: the connection is
+#: closed instead, so that an endpoint answering with a huge body costs no memory.
+MAX_RESPONSE_BODY_BYTES = 64 * 1024
 #: Push back-off after failures: first pause and largest pause, in seconds.
 MIN_PUSH_BACKOFF_SECONDS = 0.1
 MAX_PUSH_BACKOFF_SECONDS = 60.0
@@ -225,8 +229,10 @@ class PushWorker:
             headers["Authorization"] = f"Bearer {token}"
         timeout = aiohttp.ClientTimeout(total=float(config.ack_deadline_seconds))
         try:
-            async with self._session.post(endpoint, data=body, headers=headers, timeout=timeout) as response:
-                await response.read()
+            async with self._session.post(
+                endpoint, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                await _discard_body(response)
                 return response.status
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
             logger.debug("Push to %s failed: %r", endpoint, error)
@@ -242,6 +248,18 @@ class PushWorker:
             f"PushWorker({self.subscription!r}, window={self.window}, backoff={self.backoff:g}s, "
             f"delivered={self.delivered}, failed={self.failed})"
         )
+
+
+async def _discard_body(response: aiohttp.ClientResponse) -> None:
+    """Read and drop a small answer body, so the connection is kept; close the connection of a big one."""
+    remaining = MAX_RESPONSE_BODY_BYTES
+    while remaining > 0:
+        chunk = await response.content.read(remaining)
+        if not chunk:
+            return
+        remaining -= len(chunk)
+    if not response.content.at_eof():
+        response.close()
 
 
 class PushDispatcher:
