@@ -3,6 +3,7 @@ subscription created with ``--message-transforms-file``. Skipped where gcloud is
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
