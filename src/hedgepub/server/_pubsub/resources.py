@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, field_mask_pb2
@@ -56,7 +56,7 @@ SUBSCRIPTION_UPDATABLE = frozenset(
 _Found = TypeVar("_Found")
 
 
-def existing(table: dict[str, _Found], name: str) -> _Found:
+def existing(table: Mapping[str, _Found], name: str) -> _Found:
     """The topic or subscription called ``name`` (already checked), or NOT_FOUND."""
     found = table.get(name)
     if found is None:
