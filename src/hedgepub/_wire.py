@@ -24,10 +24,9 @@ from typing import Any
 
 #: The routing header every Google client sends: ``topic=<url-encoded topic name>``.
 REQUEST_PARAMS_KEY = "x-goog-request-params"
-#: hedgepub's own batch id, the same on every attempt of a batch (the local server's ``--dedup-hedges``).
+#: hedgepub's own batch id, the same on every attempt of a batch: it names one batch exactly (the local
+#: server's ``--dedup-hedges`` and request log use it), where two batches could share a start time.
 BATCH_ID_KEY = "hedgepub-batch-id"
-#: hedgepub's own attempt number: 0 for the original and its retries, k for hedge k.
-ATTEMPT_KEY = "hedgepub-attempt"
 #: Google's client-telemetry header: which hedge an attempt is and when its batch was first sent.
 CLIENT_TELEMETRY_KEY = "x-goog-pubsub-client-telemetry"
 

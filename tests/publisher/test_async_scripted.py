@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -20,6 +21,7 @@ from hedgepub import (
     ShutdownTimeoutError,
     StatusCode,
 )
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry, encode_client_telemetry
 from hedgepub.testing.scripted import ScriptedTransport
 from hedgepub.testing.virtual_time import virtual_time
 
@@ -80,7 +82,7 @@ async def test_attributes_and_metadata_reach_the_request() -> None:
     assert dict(call.request.messages[0].attributes) == {"origin": "test", "kind": "bytes are decoded"}
     assert call.request.topic == TOPIC
     assert call.metadata["x-goog-request-params"] == f"topic={TOPIC}"
-    assert call.metadata["hedgepub-attempt"] == "0"
+    assert decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] == 0  # hedging off: sent too
     assert call.metadata["hedgepub-batch-id"]
 
 
@@ -137,7 +139,9 @@ async def test_hedge_wins_and_the_original_is_cancelled() -> None:
     assert await publisher.publish(TOPIC, b"slow") == "5"  # IDs of the hedge, the first to answer
     assert now() - started == pytest.approx(0.01 + 0.1 + 0.02)
     original, hedge = transport.calls[-2:]
-    assert (original.metadata["hedgepub-attempt"], hedge.metadata["hedgepub-attempt"]) == ("0", "1")
+    assert [
+        decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] for call in (original, hedge)
+    ] == [0, 1]
     assert original.metadata["hedgepub-batch-id"] == hedge.metadata["hedgepub-batch-id"]
     await asyncio.sleep(0.001)  # the cancellation travels down the attempt's layers
     assert original.outcome == "cancelled"
@@ -288,7 +292,20 @@ async def test_retries_and_hedges_of_a_batch_share_its_metadata() -> None:
     transport.script.extend([unavailable, transport.ok(delay=5.0), transport.ok(delay=0.01)])
     assert await publisher.publish(TOPIC, b"x") == "5"
     original, hedge, retry = transport.calls[-3:]
-    assert [call.metadata["hedgepub-attempt"] for call in (original, hedge, retry)] == ["0", "1", "0"]
+    telemetry = [
+        decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY]) for call in (original, hedge, retry)
+    ]
+    assert [count for count, _start in telemetry] == [0, 1, 0]
+    assert len({start for _count, start in telemetry}) == 1  # the batch's start time, on every attempt
+    start = telemetry[0][1]
+    assert start is not None and abs(start - time.time()) < 60  # wall-clock seconds, not the loop's
+    # Byte for byte what Google's clients send: (0, start) on the original and its retry, (1, start) on
+    # the hedge; no -bin key, standard base64.
+    assert [call.metadata[CLIENT_TELEMETRY_KEY] for call in (original, hedge, retry)] == [
+        encode_client_telemetry(0, start),
+        encode_client_telemetry(1, start),
+        encode_client_telemetry(0, start),
+    ]
     assert {call.metadata["hedgepub-batch-id"] for call in (original, hedge, retry)} == {
         original.metadata["hedgepub-batch-id"]
     }

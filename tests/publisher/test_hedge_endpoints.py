@@ -19,6 +19,7 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub._publisher.routes import EndpointRoutes
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
 from hedgepub.testing.scripted import ScriptedTransport
@@ -50,7 +51,7 @@ async def publisher_with_endpoints(
 
 
 def attempt_numbers(transport: ScriptedTransport) -> list[str]:
-    return [call.metadata["hedgepub-attempt"] for call in transport.calls]
+    return [str(decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0]) for call in transport.calls]
 
 
 @virtual_time
