@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -87,9 +88,8 @@ def test_every_block_is_found_and_says_what_it_is(page: Path) -> None:
     # A fence the pattern above missed (indented, unclosed) would silently go untested.
     text = page.read_text(encoding="utf-8")
     blocks = _blocks(page)
-    assert len(re.findall(r"^[ \t]*```", text, flags=re.M)) == 2 * len(blocks), (
-        f"{page}: a fence is not found"
-    )
+    fences = len(re.findall(r"^[ \t]*```(?!`)", text, flags=re.M))  # ```` opens inline code, not a block
+    assert fences == 2 * len(blocks), f"{page}: a fence is not found"
     for block in blocks:
         assert block.language in LANGUAGES, f"{block.where}: say which language ({sorted(LANGUAGES)})"
         if block.language == "bash":
@@ -161,7 +161,7 @@ def test_shell_session_runs(block: Block, tmp_path: Path) -> None:
     commands = _commands(block.code)
     serve = ["serve"]
     if commands[0][0].startswith("hedgepub serve"):
-        serve = commands.pop(0)[0].rstrip("&").split()[1:]
+        serve = shlex.split(commands.pop(0)[0].rstrip("&"))[1:]
     process = subprocess.Popen(
         [sys.executable, "-m", "hedgepub", *serve, "--port", "0", "--in-memory"],
         cwd=tmp_path,
@@ -204,3 +204,17 @@ def test_shell_session_runs(block: Block, tmp_path: Path) -> None:
             previous = completed
     finally:
         terminate(process)
+
+
+def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
+    # .ci/run builds the site too; here a docstring or a link that breaks it shows in any full test run.
+    pytest.importorskip("mkdocs")
+    completed = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=_environment(NO_MKDOCS_2_WARNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-5000:]

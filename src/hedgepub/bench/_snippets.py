@@ -115,11 +115,10 @@ def rust_snippet(settings: HedgingSettings) -> str:
     )
 
 
-def snippets(best: HedgingSettings, best_fixed: HedgingSettings) -> dict[str, str]:
-    """Code per client: hedgepub gets ``best`` (adaptive or not), the others ``best_fixed``."""
-    return {
-        "hedgepub": hedgepub_snippet(best),
-        "java": java_snippet(best_fixed),
-        "go": go_snippet(best_fixed),
-        "rust": rust_snippet(best_fixed),
-    }
+def snippets(best: HedgingSettings | None, best_fixed: HedgingSettings | None) -> dict[str, str]:
+    """Code per client: hedgepub gets ``best`` (adaptive or not), the others ``best_fixed``; a client
+    whose best is no hedging gets no code."""
+    code = {} if best is None else {"hedgepub": hedgepub_snippet(best)}
+    if best_fixed is not None:
+        code.update(java=java_snippet(best_fixed), go=go_snippet(best_fixed), rust=rust_snippet(best_fixed))
+    return code

@@ -223,14 +223,15 @@ def advise_command(
             f"{fixed.extra_rpcs * 100:.1f}% extra RPCs"
         )
     by_name = {c.name: c.hedging for c in candidates}
-    best_settings, fixed_settings = by_name[recommended.name], by_name[fixed.name]
-    if best_settings is None or fixed_settings is None:
+    code = snippets(by_name[recommended.name], by_name[fixed.name])
+    if "hedgepub" not in code:
         console.print("hedging is not predicted to help within that budget: no settings to give")
-    else:
-        for client, code in snippets(best_settings, fixed_settings).items():
-            console.print(f"\n[bold]{CLIENT_SETTINGS[client].client}[/]")
-            # plain text, never cut at the terminal's width: it is meant to be copied
-            console.print(code, markup=False, highlight=False, soft_wrap=True, end="")
+    elif "java" not in code:
+        console.print("no fixed-delay setting is predicted to help within that budget (Java, Go, Rust)")
+    for client, text in code.items():
+        console.print(f"\n[bold]{CLIENT_SETTINGS[client].client}[/]")
+        # plain text, never cut at the terminal's width: it is meant to be copied
+        console.print(text, markup=False, highlight=False, soft_wrap=True, end="")
     json_path = write_advice_json(advice, out_dir / "advice.json")
     from hedgepub.bench._plot import plot_frontier
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hedgepub._wire import EMULATOR_HOST_ENV
+from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
@@ -33,7 +34,14 @@ _FAULT_HELP = (
 )
 
 
-@click.command()
+@click.command(
+    epilog=exit_codes_help(
+        (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+        (EXIT_FAILED, "could not start (address in use, data directory locked or damaged)"),
+        (EXIT_USAGE, "bad usage or unreadable option file"),
+        ("128+N", "a second signal N during shutdown ended it at once (130: Ctrl-C)"),
+    )
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8085, show_default=True, help="Port (0: any free one)."

@@ -32,6 +32,14 @@ Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator
 :mod:`._rest` answers REST calls through the gRPC face, behind :mod:`._front`, which owns the public port.
 """
 
+# First: without the `server` extra, say which extra to install rather than which module is missing
+# (so the imports below come after a statement).
+# ruff: noqa: E402
+from hedgepub._extras import require
+
+require("server", "hedgepub.server (the local server)")
+
+# isort: split
 from hedgepub.server._faults.delays import LatencyMix, StallWindows
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._faults.rules import FaultRule

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from hedgepub.server._api.grpc import PubSubServicer, generic_handlers
 from hedgepub.server._api.rest import RestGateway, http_protocol_factory
+from hedgepub.server._api.shedding import LoadShedder
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._front.front import OnePortFront
 from hedgepub.server._iam.iam import Authorizer, IamConfig, IamEnforcer
@@ -45,10 +46,17 @@ from hedgepub.server._store.memory import MemoryStore, Store, StoredMessage
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
+#: Calls the gRPC face holds waiting for the event loop to take them up. gRPC's default (1,000, refused
+#: beyond as CANCELLED, which Google's emulator never answers) turned away thousands of concurrent calls;
+#: calls wait instead, and only past this many does the face shed load, as UNAVAILABLE (see limits.py).
+MAX_PENDING_CALLS = 100_000
+#: Options of the gRPC face (and of the REST gateway's channel to it).
 GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
 )
 
 #: The least time REST connections get to finish when the server stops (see stop()).
@@ -135,6 +143,8 @@ class AsyncLocalServer:
         #: sets before starting.
         self.data_dir = options.data_dir
         self.faults = options.faults if options.faults is not None else FaultInjector()
+        #: Counts the gRPC calls in progress; refuses (UNAVAILABLE) those past its limit.
+        self.shedder = LoadShedder()
         # The front works on the loop's reader callbacks, which Windows' default (proactor) loop lacks.
         self.rest = options.rest and sys.platform != "win32"
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
@@ -252,7 +262,8 @@ class AsyncLocalServer:
         if options.iam is not None:
             authorizer = IamEnforcer(options.iam, core.stored_policy)
             core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
-        server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
+        # The shedder first: a call it refuses meets no injected fault and runs no handler.
+        server = grpc.aio.server(interceptors=[self.shedder, self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()

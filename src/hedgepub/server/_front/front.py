@@ -15,10 +15,18 @@ relay gRPC's bytes itself: it hands each gRPC connection's socket to a small rel
 (:mod:`hedgepub.server._front.relay`) that moves them with ``splice(2)``, in the kernel, on the other
 core. That process starts in its own session, so that a scheduler that shares CPU between sessions
 (Linux's autogroups) does not make it queue behind the server's busy thread. Elsewhere, or when the
-process cannot be started (or dies), or with ``HEDGEPUB_RELAY=loop`` in the environment, the server's
-event loop relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
+process cannot be started, or with ``HEDGEPUB_RELAY=loop`` in the environment, the server's event loop
+relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
 rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
-are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether.
+are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether. A relay process that
+dies is started again (at most once per :data:`RELAY_RESTART_SECONDS`); meanwhile the event loop relays.
+
+The front defends itself against clients that hold connections without using them: a connection that
+has not yet sent enough bytes to tell it apart costs nothing while it waits (where the socket option
+``SO_RCVLOWAT`` works, the event loop is only woken when more bytes arrive, never polled) and is closed
+after :data:`SNIFF_TIMEOUT_SECONDS`; out of descriptors, the front stops accepting for a moment (the
+connections wait in the listen backlog) instead of retrying at once, and says so in the log at most once
+per :data:`ACCEPT_ERROR_LOG_SECONDS`.
 
 On a TLS port the first bytes are encrypted, but a TLS client's first message, its ClientHello, is not,
 and it names the application protocols the client can speak (ALPN). The front peeks at the whole
@@ -43,6 +51,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +70,23 @@ _SNIFF_BYTES = 3
 RELAY_CHUNK = 64 * 1024
 #: How long a connection may take to send its first bytes (its whole ClientHello, on a TLS port) before it
 #: is closed; on a TLS port, its REST connections get as long again to finish the handshake.
-SNIFF_TIMEOUT_SECONDS = 30.0
+SNIFF_TIMEOUT_SECONDS = 10.0
+#: Where SO_RCVLOWAT cannot be relied on, how soon a connection that sent too little to tell is looked at
+#: again (first, and at most: each look doubles it).
+RESNIFF_FIRST_SECONDS = 0.005
+RESNIFF_MAX_SECONDS = 0.5
+#: Accepting paused after running out of descriptors (or memory): first pause, and longest.
+ACCEPT_PAUSE_FIRST_SECONDS = 0.05
+ACCEPT_PAUSE_MAX_SECONDS = 1.0
+#: A failure to accept is logged at most once per this many seconds (with how many there were).
+ACCEPT_ERROR_LOG_SECONDS = 10.0
+#: A relay process that died is started again at most once per this many seconds.
+RELAY_RESTART_SECONDS = 1.0
+#: Whether the kernel wakes a reader only once SO_RCVLOWAT bytes are in (Linux does, for TCP and unix
+#: sockets, since 2.6.28); elsewhere the front looks again after a growing pause.
+_RCVLOWAT_WORKS = sys.platform.startswith("linux") and hasattr(socket, "SO_RCVLOWAT")
+#: accept() errors that mean "no resources now": pause instead of spinning on a listener that stays ready.
+_ACCEPT_EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: What a plain-text HTTP request to a TLS port is answered with before the connection is closed.
 PLAIN_TEXT_ON_TLS_ANSWER = (
     b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
@@ -176,6 +201,7 @@ class _RelayProcess:
     """The child process that relays gRPC connections (see :mod:`hedgepub.server._front.relay`)."""
 
     def __init__(self) -> None:
+        self.started = time.monotonic()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.process = subprocess.Popen(
@@ -199,6 +225,23 @@ class _RelayProcess:
         parent.setblocking(False)
         self._control = parent
 
+    def watch(self, loop: asyncio.AbstractEventLoop, on_death: Callable[[], None]) -> None:
+        """Call ``on_death`` once the process is gone: its end of the control socket closes then."""
+
+        def readable() -> None:
+            try:
+                data = self._control.recv(1)
+            except _RETRY:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(ValueError, OSError):
+                    loop.remove_reader(self._control.fileno())
+                on_death()
+
+        loop.add_reader(self._control.fileno(), readable)
+
     def hand_over(self, client: socket.socket, target: str, name: str) -> None:
         """Give ``client`` to the process, to relay to the abstract unix name ``target`` from ``name``.
 
@@ -209,6 +252,8 @@ class _RelayProcess:
 
     async def stop(self) -> None:
         """Close the control socket, which ends the process; wait for it."""
+        with contextlib.suppress(ValueError, OSError):
+            asyncio.get_running_loop().remove_reader(self._control.fileno())
         self._control.close()
         for _ in range(200):
             if self.process.poll() is not None:
@@ -239,6 +284,16 @@ class OnePortFront:
         self._sniffing: dict[socket.socket, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
         self._relay_process: _RelayProcess | None = None
+        self._relay_wanted = False
+        self._relay_last_start = -RELAY_RESTART_SECONDS
+        #: Accepting: paused after running out of descriptors, and the failures not yet logged.
+        self._accept_pause = 0.0
+        self._accept_paused = False
+        self._accept_errors = 0
+        self._accept_error_logged = -ACCEPT_ERROR_LOG_SECONDS
+        self._accept_error_last: OSError | None = None
+        #: Where SO_RCVLOWAT is not used: each waiting connection's next pause.
+        self._resniff_pause: dict[socket.socket, float] = {}
         self.port = 0
 
     async def bind(self, host: str, port: int) -> int:
@@ -279,12 +334,81 @@ class OnePortFront:
             and grpc_address.startswith("\0")
             and os.environ.get(RELAY_ENVIRONMENT, "process") != "loop"
         ):
-            try:
-                self._relay_process = _RelayProcess()
-            except OSError as error:
-                logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
+            self._relay_wanted = True
+            self._start_relay_process()
+        self._watch_listeners()
+
+    def _start_relay_process(self) -> None:
+        assert self._loop is not None
+        self._relay_last_start = time.monotonic()
+        try:
+            process = _RelayProcess()
+        except OSError as error:
+            logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
+            return
+        self._relay_process = process
+        process.watch(self._loop, lambda: self._relay_died(process))
+
+    def _relay_died(self, process: _RelayProcess) -> None:
+        """The relay process ended (killed, crashed): relay on the event loop until another is started."""
+        if self._relay_process is not process:
+            return
+        logger.warning(
+            "relaying gRPC on the event loop for now: the relay process is gone (exit status %s)",
+            process.process.poll(),
+        )
+        self._relay_process = None
+        self._spawn(process.stop())
+        if self._relay_wanted and self._loop is not None:
+            wait = max(0.0, self._relay_last_start + RELAY_RESTART_SECONDS - time.monotonic())
+            self._loop.call_later(wait, self._restart_relay_process)
+
+    def _restart_relay_process(self) -> None:
+        if self._relay_wanted and self._relay_process is None and self._listeners:
+            self._start_relay_process()
+            if self._relay_process is not None:
+                logger.warning("the relay process was started again; it relays new gRPC connections")
+
+    def _watch_listeners(self) -> None:
+        assert self._loop is not None
+        self._accept_paused = False
         for listener in self._listeners:
             self._loop.add_reader(listener.fileno(), self._accept, listener)
+
+    def _pause_accepting(self, error: OSError) -> None:
+        """Out of descriptors: accept() fails at once while the listener stays ready, so trying again now
+        would spin. Stop watching the listeners for a while (doubling while it lasts); clients wait in the
+        listen backlog meanwhile. Logged at most once per ACCEPT_ERROR_LOG_SECONDS."""
+        assert self._loop is not None
+        self._accept_errors += 1
+        self._accept_error_last = error
+        self._log_accept_errors()
+        if self._accept_paused:
+            return
+        self._accept_paused = True
+        for listener in self._listeners:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(listener.fileno())
+        self._accept_pause = min(
+            ACCEPT_PAUSE_MAX_SECONDS, max(ACCEPT_PAUSE_FIRST_SECONDS, self._accept_pause * 2)
+        )
+        self._loop.call_later(self._accept_pause, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        if self._accept_paused and self._listeners:
+            self._watch_listeners()
+
+    def _log_accept_errors(self) -> None:
+        now = time.monotonic()
+        if self._accept_errors and now - self._accept_error_logged >= ACCEPT_ERROR_LOG_SECONDS:
+            logger.warning(
+                "accepting connections failed %d time(s) in the last %g s (%s); pausing accepts meanwhile",
+                self._accept_errors,
+                ACCEPT_ERROR_LOG_SECONDS,
+                self._accept_error_last,
+            )
+            self._accept_error_logged = now
+            self._accept_errors = 0
 
     def _accept(self, listener: socket.socket) -> None:
         assert self._loop is not None
@@ -294,10 +418,14 @@ class OnePortFront:
             except _RETRY:
                 return
             except OSError as error:
-                # Out of descriptors and the like: say so and go on serving the connections there are.
-                if error.errno not in (errno.ECONNABORTED, errno.EPROTO):
-                    logger.warning("accepting a connection failed: %s", error)
+                if error.errno in _ACCEPT_EXHAUSTED:
+                    self._pause_accepting(error)
+                elif error.errno not in (errno.ECONNABORTED, errno.EPROTO):
+                    self._accept_errors += 1
+                    self._accept_error_last = error
+                    self._log_accept_errors()
                 return
+            self._accept_pause = 0.0
             connection.setblocking(False)
             if connection.family in (socket.AF_INET, socket.AF_INET6):
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -322,12 +450,20 @@ class OnePortFront:
             if self._tls is not None and len(head) >= MAX_PEEK_BYTES:
                 self._forget(connection)  # a ClientHello in records too small to fit what is peeked
                 return
-            # Too few bytes yet to tell, and peeking left them unread: look again shortly rather than spin.
+            # Too few bytes yet to tell, and peeking left them unread, so the socket stays readable. Park
+            # it: the kernel wakes the loop only once one more byte is in (or the client closes).
+            if self._park(connection, len(head) + 1):
+                return
+            # Without SO_RCVLOWAT: look again after a pause that grows, rather than spin.
             self._loop.remove_reader(connection.fileno())
-            self._loop.call_later(0.005, self._resniff, connection)
+            pause = self._resniff_pause.get(connection, RESNIFF_FIRST_SECONDS)
+            self._resniff_pause[connection] = min(RESNIFF_MAX_SECONDS, pause * 2)
+            self._loop.call_later(pause, self._resniff, connection)
             return
         self._loop.remove_reader(connection.fileno())
         self._sniffing.pop(connection).cancel()
+        self._resniff_pause.pop(connection, None)
+        self._park(connection, 1)  # back to the default before anything else reads the socket
         if way == "grpc":
             self._spawn(self._relay_to_grpc(connection))
         elif way == "http":
@@ -354,11 +490,23 @@ class OnePortFront:
             return None
         return "grpc" if wants_grpc(hello) else "http"
 
+    @staticmethod
+    def _park(connection: socket.socket, wanted: int) -> bool:
+        """Have the socket report readable only once ``wanted`` bytes are in; False where that cannot be."""
+        if not _RCVLOWAT_WORKS:
+            return False
+        try:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wanted)
+        except OSError:
+            return False
+        return True
+
     def _resniff(self, connection: socket.socket) -> None:
         if connection in self._sniffing and self._loop is not None:
             self._loop.add_reader(connection.fileno(), self._sniff, connection)
 
     def _forget(self, connection: socket.socket) -> None:
+        self._resniff_pause.pop(connection, None)
         timeout = self._sniffing.pop(connection, None)
         if timeout is not None:
             timeout.cancel()
@@ -386,11 +534,9 @@ class OnePortFront:
             except BlockingIOError:
                 pass  # the process is behind: this one connection is relayed here
             except OSError as error:
-                logger.warning(
-                    "relaying gRPC on the event loop from now on: the relay process is gone (%s)", error
-                )
-                self._spawn(self._relay_process.stop())
-                self._relay_process = None
+                # Gone before its death was noticed: relay this one here, and start another process.
+                logger.debug("the relay process did not take a connection: %s", error)
+                self._relay_died(self._relay_process)
         upstream = socket.socket(self._grpc_family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         try:
@@ -437,6 +583,7 @@ class OnePortFront:
 
     async def stop(self) -> None:
         """Stop accepting, then close every connection relayed or still being told apart."""
+        self._relay_wanted = False
         self._close_listeners()
         for task in list(self._tasks):
             task.cancel()

@@ -1,0 +1,184 @@
+"""``hedgepub bench`` against a running service (``--endpoint``/``--topic``), its prompt, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hedgepub import RpcError, StatusCode
+from hedgepub.bench import AdminClient
+from hedgepub.cli import main
+
+from .._cli import CLI, served_address, terminate
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _words(text: str) -> str:
+    """``text`` with its line breaks (rich wraps at the terminal's width) and runs of spaces as one."""
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def faulty_server(tmp_path: Path) -> Iterator[str]:
+    """``hedgepub serve`` in another process, one Publish in ten delayed by 1 s; yields its address."""
+    log = tmp_path / "serve.log"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            [*CLI, "serve", "--port", "0", "--in-memory", "--seed", "5",
+             "--fault", "Publish:latency=90%:1ms,10%:1s"],
+            stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+        try:
+            yield served_address(process, 30.0, log)
+        finally:
+            terminate(process)
+
+
+def test_the_bench_against_hedgepub_serve_with_faults(faulty_server: str, tmp_path: Path) -> None:
+    out = tmp_path / "remote"
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--endpoint", faulty_server, "--topic", "projects/p/topics/bench", "--create-topic",
+         "--duration", "4", "--rate", "50", "--hedge-delay", "0.1", "--max-tokens", "20",
+         "--refill-ratio", "0.2", "--warmup", "100", "--yes", "--out", str(out)],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "projects/p/topics/bench (created now, deleted afterwards)" in _words(result.output)
+    document = json.loads((out / "results.json").read_text())
+    assert document["config"]["target"] == {"endpoint": faulty_server, "topic": "projects/p/topics/bench"}
+    assert document["config"]["messages"] == 200  # 4 s at 50/s
+    results = document["results"]
+    assert list(results) == ["unhedged", "fixed-100ms"]
+    unhedged, hedged = results["unhedged"], results["fixed-100ms"]
+    for entry in (unhedged, hedged):
+        assert (entry["published"], entry["failed"]) == (200, 0)
+        assert entry["duplicates"] is None  # not counted against a service: that would need a subscription
+    assert hedged["hedges_sent"] > 0 and hedged["attempts_per_publish"] > 1
+    assert len(document["samples"]["unhedged"]["latency_ms"]) == 200
+    assert (out / "tail-latency.png").read_bytes().startswith(PNG_SIGNATURE)
+    with AdminClient(faulty_server) as admin, pytest.raises(RpcError) as deleted:
+        admin.get_topic("projects/p/topics/bench")
+    assert deleted.value.code is StatusCode.NOT_FOUND  # deleted again
+    if unhedged["p50_ms"] > 50:
+        pytest.skip(f"the machine slows every call (unhedged p50 {unhedged['p50_ms']} ms, 90% are 1 ms)")
+    assert unhedged["p99_ms"] >= 1000 and hedged["p99_ms"] < 0.8 * unhedged["p99_ms"], result.output
+
+
+def test_the_bench_asks_before_publishing_to_a_service(faulty_server: str, tmp_path: Path) -> None:
+    arguments = ["bench", "--endpoint", faulty_server, "--topic", "asked", "--project", "p",
+                 "--messages", "20", "--message-size", "1024", "--out", str(tmp_path / "out")]  # fmt: skip
+    with AdminClient(faulty_server) as admin:
+        admin.create_topic("projects/p/topics/asked")
+        declined = CliRunner().invoke(main, arguments, input="n\n")
+        assert declined.exit_code == 1, declined.output
+        # what it would send: 3 publishers x (20 measured + 500 warm-up) messages of 1 KiB
+        said = _words(declined.output)
+        assert "1,560 messages of 1,024 bytes" in said
+        assert "Publish these messages? [y/N]" in said and "declined" in said
+        assert not (tmp_path / "out").exists()
+        accepted = CliRunner().invoke(main, [*arguments, "--warmup", "10"], input="y\n")
+        assert accepted.exit_code == 0, accepted.output
+        assert json.loads((tmp_path / "out" / "results.json").read_text())["config"]["message_size"] == 1024
+
+
+def test_remote_options_are_checked(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for args, message in [
+        (("--endpoint", "127.0.0.1:1"), "give its --topic"),
+        (("--topic", "t", "--scenario", "correlated-stalls"), "drop --topic"),
+        (("--duration", "3", "--messages", "10"), "not both"),
+    ]:
+        result = runner.invoke(main, ["bench", *args, "--yes", "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in _words(result.output), (args, result.output)
+
+
+def test_an_unreachable_endpoint_exits_3(tmp_path: Path, closed_port: int) -> None:
+    result = CliRunner().invoke(
+        main,
+        ["bench", "--endpoint", f"127.0.0.1:{closed_port}", "--topic", "t", "--create-topic", "--yes",
+         "--messages", "5", "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert result.exit_code == 3, result.output
+
+
+def _emulator_binary() -> Path | None:
+    configured = os.environ.get("PUBSUB_EMULATOR_BIN")
+    if configured:
+        return Path(configured) if Path(configured).exists() else None
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        return None
+    sdk = Path(os.path.realpath(gcloud)).parent.parent
+    candidate = sdk / "platform" / "pubsub-emulator" / "bin" / "cloud-pubsub-emulator"
+    return candidate if candidate.exists() else None
+
+
+def test_the_bench_against_googles_emulator(tmp_path: Path, closed_port: int) -> None:
+    binary = _emulator_binary()
+    if binary is None:
+        pytest.skip("Google's Pub/Sub emulator is not installed (gcloud's pubsub-emulator component)")
+    process = subprocess.Popen(
+        [str(binary), "--host=127.0.0.1", f"--port={closed_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", closed_port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    pytest.fail("Google's emulator did not start within 60 s")
+                time.sleep(0.5)
+        out = tmp_path / "emulator"
+        result = CliRunner().invoke(
+            main,
+            ["bench", "--endpoint", f"127.0.0.1:{closed_port}", "--topic", "bench", "--project", "p",
+             "--create-topic", "--duration", "2", "--rate", "40", "--warmup", "50", "--hedge-delay", "0.1",
+             "--yes", "--out", str(out)],
+            catch_exceptions=False,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        results = json.loads((out / "results.json").read_text())["results"]
+        assert [(r["published"], r["failed"]) for r in results.values()] == [(80, 0)] * 2
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)  # the launcher script and its JVM
+        process.wait(30)
+
+
+def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
+    out = tmp_path / "partial"
+    process = subprocess.Popen(
+        [*CLI, "bench", "--messages", "100000", "--rate", "50", "--warmup", "0", "--mix", "100%:1ms",
+         "--hedge-delay", "0.1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    try:
+        time.sleep(8)  # the server starts and a few seconds of publishes are measured
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = _words(output.decode())
+    assert process.returncode == 130, text
+    assert "interrupted" in text and "partial results" in text and "Aborted!" not in text
+    document = json.loads((out / "results.json").read_text())
+    assert document["config"]["run"]["interrupted"] is True
+    published = document["results"]["unhedged"]["published"]
+    assert 0 < published < 100000
+    assert (out / "tail-latency.png").read_bytes().startswith(PNG_SIGNATURE)
