@@ -2,7 +2,7 @@
 
 One module for every string both sides must spell the same way: the gRPC metadata keys of a Publish
 attempt, the environment variable that points clients at an emulator, and the encoding of the
-``x-goog-pubsub-client-telemetry`` header (docs/hedging.md, rule 9), which Google's clients put on their
+``x-goog-pubsub-client-telemetry`` header (docs/hedging.md, rule 8), which Google's clients put on their
 Publish attempts so that the service can tell a hedge from an unrelated duplicate publish.
 
 The header's value is the standard base64 (with padding; the key has no ``-bin`` suffix, so gRPC does not

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -22,7 +23,7 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry, encode_client_telemetry
-from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
 from hedgepub.testing.virtual_time import virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
@@ -331,3 +332,40 @@ async def test_shutdown_timeout_counts_the_attempts_of_the_batches_it_cuts_off()
     assert (stats.messages_published, stats.messages_failed) == (10, 1)
     assert (stats.batches_sent, stats.attempts_sent, stats.hedges_sent, stats.hedges_won) == (11, 13, 2, 0)
     assert stats.max_ms == pytest.approx(2500, rel=0.001)  # shutdown sent the batch at once, cut it at 2.5 s
+
+
+@virtual_time
+async def test_one_topic_draining_its_tokens_on_stalls_leaves_another_topics_hedges_firing() -> None:
+    # docs/hedging.md rule 13: a bucket per topic, each with the settings' size, each starting empty.
+    stalling, healthy = f"{TOPIC}-stalling", f"{TOPIC}-healthy"
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=2, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging)
+    assert publisher.stats().tokens_by_topic == {}
+    for topic in (stalling, healthy):
+        for _ in range(10):  # 10 quick batches: 2 tokens, this topic's bucket full
+            await publisher.publish(topic, b"warm-up")
+    assert dict(publisher.stats().tokens_by_topic) == {stalling: 2.0, healthy: 2.0}
+    assert publisher.stats().tokens_available == 4.0  # every topic's tokens together
+
+    async def answer(call: ScriptedCall) -> Sequence[str]:
+        # The stalling topic answers after 1 s, every attempt; the healthy one's hedges at once.
+        hedge = decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] > 0
+        await asyncio.sleep(1.0 if call.request.topic == stalling or not hedge else 0.01)
+        return transport.next_ids(len(call.request.messages))
+
+    transport.default = answer
+    before = publisher.stats()
+    for _ in range(3):
+        await publisher.publish(stalling, b"stalled")
+    stats = publisher.stats()
+    # The first stall's hedges 1 and 2 spend the topic's two tokens; from then on every hedge point finds
+    # less than one (0.2 back per success): one skip per batch.
+    assert (stats.hedges_sent - before.hedges_sent, stats.hedges_skipped - before.hedges_skipped) == (2, 3)
+    assert stats.tokens_by_topic[stalling] == pytest.approx(0.6)
+    assert stats.tokens_by_topic[healthy] == 2.0  # untouched
+    started = now()
+    await publisher.publish(healthy, b"slow original")
+    assert now() - started == pytest.approx(0.01 + 0.1 + 0.01)  # its hedge fired and won
+    assert publisher.stats().hedges_won >= 1
+    await publisher.shutdown()

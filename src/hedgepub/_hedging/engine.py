@@ -14,7 +14,7 @@ It is built in two parts, as tenacity builds its retry loop:
   :class:`~hedgepub._clock.Clock` and turns finished attempt tasks and fired timers back into events.
 
 The rules are those of docs/hedging.md ("One batch, step by step"), numbered the same way in the code.
-Rule 9 (the metadata that ties every attempt to its batch) is the sender's job: the engine passes each
+Rule 8 (the metadata that ties every attempt to its batch) is the sender's job: the engine passes each
 attempt its ``attempt_number`` (0 for the original and its retries, k for hedge k), and the sender puts
 it, with the batch id, the batch's start time and the topic, into the request metadata.
 

@@ -3,7 +3,7 @@
 :class:`BatchSender` runs a sealed batch through :func:`hedgepub._hedging.engine.run_batch` with the
 publisher's retry and hedging settings, the token bucket of the batch's topic and the hedge delay source.
 Each attempt goes to the endpoint its attempt number is routed to (:mod:`hedgepub._publisher.routes`),
-with the metadata of docs/hedging.md (rule 9), inside an OpenTelemetry span when telemetry is on.
+with the metadata of docs/hedging.md (rule 8), inside an OpenTelemetry span when telemetry is on.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class BatchSender:
         request = batch.request
         topic = batch.topic
         batch_id = batch.batch_id
-        # Rule 9: wall-clock time (the service compares it across clients), taken once per batch.
+        # Rule 8: wall-clock time (the service compares it across clients), taken once per batch.
         started = time.time()
         headers: dict[int, tuple[tuple[str, str], ...]] = {}
 

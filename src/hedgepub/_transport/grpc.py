@@ -106,7 +106,7 @@ def map_rpc_error(error: grpc.RpcError) -> RpcError:
 def request_metadata(
     topic: str, batch_id: str, attempt: int, publish_start_time: float | None = None
 ) -> tuple[tuple[str, str], ...]:
-    """The gRPC metadata of one attempt (docs/hedging.md, rule 9): the routing header, Google's client
+    """The gRPC metadata of one attempt (docs/hedging.md, rule 8): the routing header, Google's client
     telemetry header (``attempt`` as ``hedged_attempt_count``, the batch's ``publish_start_time`` in
     seconds since the epoch) and hedgepub's batch id."""
     return (
