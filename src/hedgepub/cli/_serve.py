@@ -111,6 +111,25 @@ _FAULT_HELP = (
     help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does "
     "(with --tls-cert too: the protocols a client offers in its TLS handshake tell the two apart).",
 )
+@click.option(
+    "--relay",
+    type=click.Choice(["process", "loop"]),
+    default="process",
+    show_default=True,
+    envvar="HEDGEPUB_RELAY",
+    show_envvar=True,
+    help="How the one port relays gRPC connections with REST on: by a relay process that moves the bytes in "
+    "the kernel (Linux; elsewhere the event loop does), or on the server's event loop.",
+)
+@click.option(
+    "--relay-cpu",
+    default=None,
+    metavar="N|any",
+    envvar="HEDGEPUB_RELAY_CPU",
+    show_envvar=True,
+    help="The CPU the relay process keeps to, or 'any' to leave it to the scheduler.  [default: the last "
+    "CPU the server may use, measured best: the server's busy thread then runs on another]",
+)
 def serve(
     host: str,
     port: int,
@@ -126,6 +145,8 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     rest: bool,
+    relay: str,
+    relay_cpu: str | None,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -167,6 +188,8 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         rest=rest,
+        relay=relay,
+        relay_cpu=_relay_cpu(relay_cpu),
     )
 
     announced = False
@@ -261,6 +284,18 @@ async def _run(
     for server in servers:
         if server.hedge_dedup is not None and report is not None:
             report(server.hedge_dedup.counts)
+
+
+def _relay_cpu(setting: str | None) -> int | str | None:
+    """``--relay-cpu`` as :class:`~hedgepub.server.ServerOptions` takes it: None, a CPU number or "any"."""
+    if setting is None or not setting.strip():
+        return None
+    setting = setting.strip()
+    if setting == "any":
+        return setting
+    if setting.isdigit():
+        return int(setting)
+    raise click.BadParameter(f"{setting!r} is neither a CPU number nor 'any'", param_hint="'--relay-cpu'")
 
 
 def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:
