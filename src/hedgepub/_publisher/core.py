@@ -582,8 +582,12 @@ class _PublisherCore:
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         budget = self.budget
+        by_topic = budget.tokens_by_topic()
         return self.stats_recorder.snapshot(
-            budget.tokens, budget.hedge_delay, endpoints=self.routes.snapshot()
+            sum(by_topic.values()),
+            budget.hedge_delay,
+            endpoints=self.routes.snapshot(),
+            tokens_by_topic=by_topic,
         )
 
     # ---- shutdown ------------------------------------------------------------------------------------
