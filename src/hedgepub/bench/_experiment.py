@@ -626,7 +626,8 @@ async def _run(
             duplicates=duplicates,
             hedge_delay_ms=delays_ms[name] if name != UNHEDGED else None,
             duplicates_after_dedup=after_dedup,
-            hedges_by_endpoint=counters[name].hedges_by_endpoint if name != UNHEDGED else {},
+            # against a service there is one endpoint: nothing to break down
+            hedges_by_endpoint=counters[name].hedges_by_endpoint if name != UNHEDGED and servers else {},
         )
     config_entry = _config_entry(config, warmup_done, retry)
     config_entry["run"] = run_info(loop.time() - began)
