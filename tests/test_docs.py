@@ -204,3 +204,17 @@ def test_shell_session_runs(block: Block, tmp_path: Path) -> None:
             previous = completed
     finally:
         terminate(process)
+
+
+def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
+    # .ci/run builds the site too; here a docstring or a link that breaks it shows in any full test run.
+    pytest.importorskip("mkdocs")
+    completed = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env=_environment(NO_MKDOCS_2_WARNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-5000:]

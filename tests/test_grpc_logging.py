@@ -86,12 +86,16 @@ def test_the_command_with_vv_shows_them(busy_port: int) -> None:
     [
         (["/usr/bin/hedgepub", "-vv", "serve"], 2),
         (["-m", "-v", "--verbose", "-v", "bench"], 3),
-        (["hedgepub", "serve", "-vv"], 0),  # after the sub-command: not the group's option
+        (["hedgepub", "serve", "-vv"], 2),  # after the sub-command too, as the command accepts it
+        (["hedgepub", "-v", "serve", "--port", "0", "-v"], 2),
+        (["hedgepub", "publish", "t", "--", "-vv"], 0),  # after --: data, not an option
         (["hedgepub", "-v", "serve"], 1),
         (["/usr/bin/python3", "-vv"], 0),  # another program
     ],
 )
-def test_the_command_line_verbosity_is_read_before_the_sub_command(argv: list[str], expected: int) -> None:
+def test_the_command_line_verbosity_is_read_before_and_after_the_sub_command(
+    argv: list[str], expected: int
+) -> None:
     from hedgepub._transport.grpc_logging import command_line_verbosity
 
     assert command_line_verbosity(argv) == expected

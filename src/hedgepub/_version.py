@@ -1,3 +1,3 @@
 """hedgepub's version, in a module of its own so that modules below the package's top can read it."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -9,8 +9,10 @@ own parser (:func:`~._transport.grpc.resolve_endpoint`), so both take the same f
 
 from __future__ import annotations
 
+import configparser
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,7 +20,7 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import RpcError, StatusCode
-from hedgepub._transport.grpc import CHANNEL_OPTIONS, ChannelTarget, resolve_endpoint
+from hedgepub._transport.grpc import CHANNEL_OPTIONS, ChannelTarget, map_rpc_error, resolve_endpoint
 from hedgepub._wire import EMULATOR_HOST_ENV
 
 #: Environment variable naming the emulator's ``host:port``, as for every Pub/Sub client library.
@@ -32,9 +34,45 @@ _PUBLISHER = "/google.pubsub.v1.Publisher/"
 _SUBSCRIBER = "/google.pubsub.v1.Subscriber/"
 
 
-def default_project() -> str:
-    """The project from ``PUBSUB_PROJECT_ID`` or ``GOOGLE_CLOUD_PROJECT``, else :data:`DEFAULT_PROJECT`."""
-    return os.environ.get("PUBSUB_PROJECT_ID") or os.environ.get("GOOGLE_CLOUD_PROJECT") or DEFAULT_PROJECT
+def default_project(environ: Mapping[str, str] | None = None) -> str:
+    """The project to use when none is given, looked for where Google's tools look.
+
+    In order: ``PUBSUB_PROJECT_ID`` (the emulator's convention), ``GOOGLE_CLOUD_PROJECT`` (the official
+    client libraries), ``CLOUDSDK_CORE_PROJECT`` and then the active gcloud configuration's ``core/project``
+    (what ``gcloud`` uses), and only then :data:`DEFAULT_PROJECT`.
+    """
+    environ = os.environ if environ is None else environ
+    for variable in ("PUBSUB_PROJECT_ID", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"):
+        if environ.get(variable):
+            return environ[variable]
+    return gcloud_project(environ) or DEFAULT_PROJECT
+
+
+def gcloud_project(environ: Mapping[str, str] | None = None) -> str | None:
+    """``core/project`` of the active gcloud configuration, read from its file (no ``gcloud`` process).
+
+    The configuration directory is ``CLOUDSDK_CONFIG``, else ``~/.config/gcloud`` (``%APPDATA%\\gcloud`` on
+    Windows); the active configuration is ``CLOUDSDK_ACTIVE_CONFIG_NAME``, else the one named in its
+    ``active_config`` file, else ``default``. None when there is no such file or it sets no project.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("CLOUDSDK_CONFIG"):
+        directory = Path(environ["CLOUDSDK_CONFIG"])
+    elif os.name == "nt" and environ.get("APPDATA"):
+        directory = Path(environ["APPDATA"]) / "gcloud"
+    else:
+        directory = Path.home() / ".config" / "gcloud"
+    name = environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME")
+    try:
+        if not name:
+            active = directory / "active_config"
+            name = active.read_text(encoding="utf-8").strip() if active.is_file() else "default"
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(directory / "configurations" / f"config_{name or 'default'}", encoding="utf-8")
+        project = parser.get("core", "project", fallback="").strip()
+    except (OSError, UnicodeDecodeError, configparser.Error):
+        return None
+    return project or None
 
 
 def resource_path(project: str, kind: str, name: str) -> str:
@@ -49,13 +87,6 @@ def resource_path(project: str, kind: str, name: str) -> str:
     if len(parts) != 4 or parts[0] != "projects" or parts[2] != kind or not parts[1] or not parts[3]:
         raise ValueError(f"{name!r} is neither a short ID nor a path like projects/<project>/{kind}/<id>")
     return name
-
-
-def _to_rpc_error(error: grpc.RpcError) -> RpcError:
-    code = error.code() if callable(getattr(error, "code", None)) else None
-    details = error.details() if callable(getattr(error, "details", None)) else str(error)
-    status = StatusCode(code.value[0]) if code is not None else StatusCode.UNKNOWN
-    return RpcError(status, details or "")
 
 
 class AdminClient:
@@ -124,7 +155,7 @@ class AdminClient:
         try:
             return call(request, timeout=self.timeout, metadata=self._metadata, wait_for_ready=False)
         except grpc.RpcError as error:
-            raise _to_rpc_error(error) from error
+            raise map_rpc_error(error) from error
 
     # topics
     def create_topic(self, topic: str, labels: dict[str, str] | None = None) -> Any:
@@ -216,7 +247,7 @@ class AdminClient:
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return []
-            raise _to_rpc_error(error) from error
+            raise map_rpc_error(error) from error
 
     def acknowledge(self, subscription: str, ack_ids: list[str]) -> None:
         """Acknowledge ``ack_ids`` on ``subscription``."""

@@ -13,6 +13,14 @@ from hedgepub.cli import main
 Invoke = Callable[..., Result]
 
 
+@pytest.fixture(autouse=True)
+def _no_gcloud_project(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The default project may come from gcloud's configuration: none here, whatever the machine's."""
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path_factory.mktemp("gcloud")))
+    monkeypatch.delenv("CLOUDSDK_CORE_PROJECT", raising=False)
+    monkeypatch.delenv("CLOUDSDK_ACTIVE_CONFIG_NAME", raising=False)
+
+
 @pytest.fixture
 def hedgepub_cli() -> Invoke:
     """Run ``hedgepub ARGS...`` in this process and return click's result (exceptions are kept)."""

@@ -13,13 +13,13 @@ from typing import Any
 import grpc
 import pytest
 from google.iam.v1 import iam_policy_pb2, policy_pb2
-from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as types
 from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server import IamConfig, LocalServer, ServiceError
 from hedgepub.server._iam.iam import IamEnforcer
+from hedgepub.server._methods import RPCS
 
 PROJECT = "projects/iam-project"
 OTHER_PROJECT = "projects/other-project"
@@ -59,46 +59,6 @@ def token_of(role: str) -> str:
 
 ADMIN = token_of("roles/pubsub.admin")
 
-_RESPONSES: dict[str, tuple[str, Any]] = {
-    "CreateTopic": ("google.pubsub.v1.Publisher", types.Topic.pb()),
-    "UpdateTopic": ("google.pubsub.v1.Publisher", types.Topic.pb()),
-    "GetTopic": ("google.pubsub.v1.Publisher", types.Topic.pb()),
-    "Publish": ("google.pubsub.v1.Publisher", types.PublishResponse.pb()),
-    "ListTopics": ("google.pubsub.v1.Publisher", types.ListTopicsResponse.pb()),
-    "ListTopicSubscriptions": ("google.pubsub.v1.Publisher", types.ListTopicSubscriptionsResponse.pb()),
-    "DeleteTopic": ("google.pubsub.v1.Publisher", empty_pb2.Empty),
-    "DetachSubscription": ("google.pubsub.v1.Publisher", types.DetachSubscriptionResponse.pb()),
-    "CreateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
-    "GetSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
-    "UpdateSubscription": ("google.pubsub.v1.Subscriber", types.Subscription.pb()),
-    "ModifyPushConfig": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
-    "ListSubscriptions": ("google.pubsub.v1.Subscriber", types.ListSubscriptionsResponse.pb()),
-    "DeleteSubscription": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
-    "Pull": ("google.pubsub.v1.Subscriber", types.PullResponse.pb()),
-    "Acknowledge": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
-    "ModifyAckDeadline": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
-    "StreamingPull": ("google.pubsub.v1.Subscriber", types.StreamingPullResponse.pb()),
-    "GetIamPolicy": ("google.iam.v1.IAMPolicy", policy_pb2.Policy),
-    "SetIamPolicy": ("google.iam.v1.IAMPolicy", policy_pb2.Policy),
-    "TestIamPermissions": ("google.iam.v1.IAMPolicy", iam_policy_pb2.TestIamPermissionsResponse),
-    "CreateSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
-    "GetSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
-    "ListSchemas": ("google.pubsub.v1.SchemaService", schema_types.ListSchemasResponse.pb()),
-    "ListSchemaRevisions": ("google.pubsub.v1.SchemaService", schema_types.ListSchemaRevisionsResponse.pb()),
-    "CommitSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
-    "RollbackSchema": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
-    "DeleteSchemaRevision": ("google.pubsub.v1.SchemaService", schema_types.Schema.pb()),
-    "DeleteSchema": ("google.pubsub.v1.SchemaService", empty_pb2.Empty),
-    "ValidateSchema": ("google.pubsub.v1.SchemaService", schema_types.ValidateSchemaResponse.pb()),
-    "ValidateMessage": ("google.pubsub.v1.SchemaService", schema_types.ValidateMessageResponse.pb()),
-    "CreateSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
-    "GetSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
-    "ListSnapshots": ("google.pubsub.v1.Subscriber", types.ListSnapshotsResponse.pb()),
-    "UpdateSnapshot": ("google.pubsub.v1.Subscriber", types.Snapshot.pb()),
-    "DeleteSnapshot": ("google.pubsub.v1.Subscriber", empty_pb2.Empty),
-    "Seek": ("google.pubsub.v1.Subscriber", types.SeekResponse.pb()),
-    "ListTopicSnapshots": ("google.pubsub.v1.Publisher", types.ListTopicSnapshotsResponse.pb()),
-}
 AVRO = '{"type": "record", "name": "Event", "fields": [{"name": "id", "type": "int"}]}'
 
 
@@ -115,11 +75,10 @@ class Caller:
 
     def call(self, method: str, request: Any, token: str | None = None, timeout: float = 10.0) -> Any:
         """Call ``method`` (short name); raises ``grpc.RpcError``."""
-        service, response = _RESPONSES[method]
         stub = self.channel.unary_unary(
-            f"/{service}/{method}",
+            RPCS[method].path,
             request_serializer=lambda message: message.SerializeToString(),
-            response_deserializer=response.FromString,
+            response_deserializer=RPCS[method].response_class.FromString,
         )
         return stub(request, timeout=timeout, metadata=self.metadata(token))
 
@@ -349,7 +308,7 @@ def _schema_requests(caller: Caller) -> dict[str, Any]:
     }
 
 
-ALL_METHODS = sorted(_RESPONSES)
+ALL_METHODS = sorted(RPCS)
 _VIEW = {
     "GetTopic",
     "ListTopics",
@@ -377,12 +336,10 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
-def test_every_served_method_has_a_permission_mapping() -> None:
-    from hedgepub.server._api import grpc as _services
+def test_every_method_has_a_permission_mapping() -> None:
     from hedgepub.server._iam import iam as _iam
 
-    served = {method for _service, method, *_ in _services._METHODS}
-    assert served == set(_iam.RPC_PERMISSIONS) == set(_RESPONSES)
+    assert set(_iam.RPC_PERMISSIONS) == set(RPCS)
     for method, checks in _iam.RPC_PERMISSIONS.items():
         for check in checks:
             assert check.permission.startswith("pubsub.") or method.endswith("IamPolicy"), method

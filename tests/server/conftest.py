@@ -13,11 +13,10 @@ import grpc
 import grpc.aio
 import pytest
 from google.cloud import pubsub_v1
-from google.iam.v1 import iam_policy_pb2, policy_pb2
-from google.protobuf import duration_pb2, empty_pb2
-from google.pubsub_v1.types import pubsub as types
+from google.protobuf import duration_pb2
 
 from hedgepub.server import LocalServer
+from hedgepub.server._methods import METHODS, RPCS
 
 from .._cli import CLI, served_address
 from .._pb import Subscription, Topic
@@ -25,32 +24,6 @@ from .._pb import Subscription, Topic
 PROJECT = "projects/test-project"
 TOPIC = f"{PROJECT}/topics/orders"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/orders-sub"
-
-_RESPONSES: dict[str, Any] = {
-    "CreateTopic": types.Topic.pb(),
-    "UpdateTopic": types.Topic.pb(),
-    "GetTopic": types.Topic.pb(),
-    "Publish": types.PublishResponse.pb(),
-    "ListTopics": types.ListTopicsResponse.pb(),
-    "ListTopicSubscriptions": types.ListTopicSubscriptionsResponse.pb(),
-    "DeleteTopic": empty_pb2.Empty,
-    "DetachSubscription": types.DetachSubscriptionResponse.pb(),
-    "CreateSubscription": types.Subscription.pb(),
-    "GetSubscription": types.Subscription.pb(),
-    "UpdateSubscription": types.Subscription.pb(),
-    "ListSubscriptions": types.ListSubscriptionsResponse.pb(),
-    "DeleteSubscription": empty_pb2.Empty,
-    "Pull": types.PullResponse.pb(),
-    "Acknowledge": empty_pb2.Empty,
-    "ModifyAckDeadline": empty_pb2.Empty,
-    "StreamingPull": types.StreamingPullResponse.pb(),
-    "GetIamPolicy": policy_pb2.Policy,
-    "SetIamPolicy": policy_pb2.Policy,
-    "TestIamPermissions": iam_policy_pb2.TestIamPermissionsResponse,
-}
-_SERVICES = {name: "google.pubsub.v1.Publisher" for name in list(_RESPONSES)[:8]}
-_SERVICES.update({name: "google.pubsub.v1.Subscriber" for name in list(_RESPONSES)[8:17]})
-_SERVICES.update({name: "google.iam.v1.IAMPolicy" for name in list(_RESPONSES)[17:]})
 
 
 def duration(seconds: float) -> Any:
@@ -72,9 +45,9 @@ class RawClient:
     def call(self, method: str, request: Any, timeout: float = 10.0) -> Any:
         """Call ``method`` (short name) and return its response; raises ``grpc.RpcError``."""
         stub = self.channel.unary_unary(
-            f"/{_SERVICES[method]}/{method}",
+            METHODS[method],
             request_serializer=type(request).SerializeToString,
-            response_deserializer=_RESPONSES[method].FromString,
+            response_deserializer=RPCS[method].response_class.FromString,
         )
         return stub(request, timeout=timeout)
 
@@ -97,9 +70,9 @@ class RawClient:
 def aio_stub(channel: grpc.aio.Channel, method: str) -> Any:
     """An asyncio stub of ``method`` (short name, as :meth:`RawClient.call` takes) on ``channel``."""
     return channel.unary_unary(
-        f"/{_SERVICES[method]}/{method}",
+        METHODS[method],
         request_serializer=lambda message: message.SerializeToString(),
-        response_deserializer=_RESPONSES[method].FromString,
+        response_deserializer=RPCS[method].response_class.FromString,
     )
 
 

@@ -177,6 +177,28 @@ def test_bad_options_are_usage_errors(tmp_path: Path) -> None:
     assert "faults file" in result.output
 
 
+def test_relay_settings_are_flags_with_their_environment_variables_as_defaults() -> None:
+    from hedgepub.cli import main
+    from hedgepub.server import ServerOptions
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["serve", "--in-memory", "--relay-cpu", "two"])
+    assert result.exit_code == 2
+    assert "neither a CPU number nor 'any'" in result.output
+    result = runner.invoke(main, ["serve", "--in-memory"], env={"HEDGEPUB_RELAY_CPU": "two"})
+    assert result.exit_code == 2
+    assert "neither a CPU number nor 'any'" in result.output
+    result = runner.invoke(main, ["serve", "--in-memory"], env={"HEDGEPUB_RELAY": "thread"})
+    assert result.exit_code == 2
+    assert "'thread' is not one of 'process', 'loop'" in result.output
+    assert ServerOptions().relay == "process"
+    assert ServerOptions().relay_cpu is None  # the last CPU the server may use
+    with pytest.raises(ValueError, match="relay_cpu"):
+        ServerOptions(relay_cpu="two")
+    with pytest.raises(ValueError, match="relay must be one of"):
+        ServerOptions(relay="thread")
+
+
 def test_port_in_use_is_a_clear_error(serve: list[ServeProcess], tmp_path: Path) -> None:
     first = _start(serve, tmp_path, "serve", "--port", "0", "--in-memory")
     port = first.address.rsplit(":", 1)[1]

@@ -8,8 +8,9 @@ when ``grpc`` is first imported, so the choice has to be made before that import
 - a ``GRPC_VERBOSITY`` the user set is always left alone (``GRPC_VERBOSITY=debug hedgepub serve`` shows
   everything);
 - if ``grpc`` was imported before hedgepub, its logging is already decided and is left alone too;
-- the ``hedgepub`` command run with ``-vv`` (or more) leaves gRPC's default, so its lines show: the
-  package is imported before the command line is parsed, so :func:`command_line_verbosity` reads it;
+- the ``hedgepub`` command run with ``-vv`` (or more, before or after the sub-command) leaves gRPC's
+  default, so its lines show: the package is imported before the command line is parsed, so
+  :func:`command_line_verbosity` reads it;
 - otherwise ``grpc`` is imported here with ``GRPC_VERBOSITY=NONE``, and the variable is removed again
   right after, so the user's environment (and every child process) stays as it was.
 
@@ -42,21 +43,21 @@ def quiet_grpc_import(verbosity: str = "NONE") -> bool:
 
 
 def command_line_verbosity(argv: list[str] | None = None) -> int:
-    """How many ``-v`` the ``hedgepub`` command was given before its sub-command; 0 for any other program.
+    """How many ``-v`` the ``hedgepub`` command was given, before or after its sub-command; 0 for others.
 
     The command is the ``hedgepub`` script, or ``python -m hedgepub`` (whose ``argv[0]`` is ``-m`` while
-    the package is imported).
+    the package is imported). Arguments after ``--`` are not options and are not counted.
     """
     argv = sys.argv if argv is None else argv
     if not argv or not (os.path.basename(argv[0]) in ("hedgepub", "hedgepub.exe") or argv[0] == "-m"):
         return 0
     count = 0
     for argument in argv[1:]:
-        if not argument.startswith("-"):
-            break  # the sub-command: its options are its own
+        if argument == "--":
+            break
         if argument == "--verbose":
             count += 1
-        elif not argument.startswith("--") and set(argument[1:]) == {"v"}:
+        elif len(argument) > 1 and argument[0] == "-" and set(argument[1:]) == {"v"}:
             count += len(argument) - 1
     return count
 

@@ -9,6 +9,14 @@
     write_results_json(run.document, "results.json")
 """
 
+# First: without the `bench` extra, say which extra to install rather than which module is missing
+# (so the imports below come after a statement).
+# ruff: noqa: E402
+from hedgepub._extras import require
+
+require("bench", "hedgepub.bench (the bench)")
+
+# isort: split
 from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 from hedgepub.bench._advise import (
     Advice,

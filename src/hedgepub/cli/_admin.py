@@ -3,18 +3,19 @@
 Every command talks to the server named by ``--endpoint`` (the publisher's forms and rules, from the one
 parser :func:`hedgepub._transport.grpc.parse_endpoint`: ``host:port``, ``http://host:port``,
 ``https://host[:port]``) or, without it, ``PUBSUB_EMULATOR_HOST`` (``host:port``, plain text), in the
-project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then ``GOOGLE_CLOUD_PROJECT``, then
+project named by ``--project`` (default: ``PUBSUB_PROJECT_ID``, then ``GOOGLE_CLOUD_PROJECT``,
+then gcloud's ``CLOUDSDK_CORE_PROJECT`` or active configuration, as Google's tools do, and only then
 ``local-project``). Topics and subscriptions are given as short IDs or as full paths
 (``projects/P/topics/T``). An access token (``--access-token``, ``HEDGEPUB_ACCESS_TOKEN``, or the file
 forms ``--access-token-file`` / ``HEDGEPUB_ACCESS_TOKEN_FILE``, which keep it out of shell history) is sent
 with every request, for a server with IAM enforcement.
 
-Exit codes:
+Exit codes (:mod:`hedgepub.cli._exit`; each command's ``--help`` lists the ones it can exit with):
 
 ====  ==================================================================
 0     done
-1     the server refused the request (another status code), or a publish failed
-2     bad usage: unknown option, malformed value, no endpoint given
+1     the server refused the request (another status code), a publish failed, or Ctrl-C
+2     bad usage: unknown option, malformed value, no endpoint given, unreadable data file
 3     no server answers at the endpoint
 4     the topic or subscription does not exist (NOT_FOUND)
 5     the topic or subscription already exists (ALREADY_EXISTS)
@@ -37,14 +38,25 @@ import click
 
 from hedgepub import PublishError, RetrySettings, StatusCode
 from hedgepub._transport.grpc import resolve_endpoint
-from hedgepub.bench import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
+from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
+from hedgepub.cli._exit import (
+    EXIT_ALREADY_EXISTS,
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    exit_codes_help,
+)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_NOT_FOUND = 4
-EXIT_ALREADY_EXISTS = 5
+__all__ = [
+    "EXIT_ALREADY_EXISTS",
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+]
 
 _EXIT_BY_CODE = {
     StatusCode.UNAVAILABLE: EXIT_UNREACHABLE,
@@ -52,10 +64,38 @@ _EXIT_BY_CODE = {
     StatusCode.ALREADY_EXISTS: EXIT_ALREADY_EXISTS,
 }
 
-#: Shown under every toolbox command's --help.
-EXIT_CODES_HELP = (
-    "Exit codes: 0 done; 1 refused by the server or publish failed; 2 bad usage; "
-    "3 no server at the endpoint; 4 not found; 5 already exists."
+# What each toolbox command's --help says about its exit codes (every code it can exit with, and no other).
+_USAGE = (EXIT_USAGE, "bad usage")
+_UNREACHABLE = (EXIT_UNREACHABLE, "no server at the endpoint")
+_REFUSED = (EXIT_FAILED, "refused by the server, or Ctrl-C")
+LIST_EXIT_CODES = exit_codes_help((EXIT_OK, "done"), _REFUSED, _USAGE, _UNREACHABLE)
+TOPIC_CREATE_EXIT_CODES = exit_codes_help(
+    (EXIT_OK, "done"), _REFUSED, _USAGE, _UNREACHABLE, (EXIT_ALREADY_EXISTS, "already exists")
+)
+SUBSCRIPTION_CREATE_EXIT_CODES = exit_codes_help(
+    (EXIT_OK, "done"),
+    _REFUSED,
+    _USAGE,
+    _UNREACHABLE,
+    (EXIT_NOT_FOUND, "the topic does not exist"),
+    (EXIT_ALREADY_EXISTS, "already exists"),
+)
+DELETE_EXIT_CODES = exit_codes_help(
+    (EXIT_OK, "done"), _REFUSED, _USAGE, _UNREACHABLE, (EXIT_NOT_FOUND, "not found")
+)
+PUBLISH_EXIT_CODES = exit_codes_help(
+    (EXIT_OK, "every message published"),
+    (EXIT_FAILED, "a publish failed, the server refused, or Ctrl-C"),
+    (EXIT_USAGE, "bad usage or unreadable data file"),
+    _UNREACHABLE,
+    (EXIT_NOT_FOUND, "topic not found"),
+)
+PULL_EXIT_CODES = exit_codes_help(
+    (EXIT_OK, "done, also when no message came"),
+    (EXIT_FAILED, "refused by the server, the output closed, or Ctrl-C"),
+    _USAGE,
+    _UNREACHABLE,
+    (EXIT_NOT_FOUND, "subscription not found"),
 )
 
 _Command = TypeVar("_Command", bound=Callable[..., Any])
@@ -165,7 +205,7 @@ def _connection_options(command: _Command) -> _Command:
         click.option(
             "--project",
             default=default_project,
-            show_default="PUBSUB_PROJECT_ID, GOOGLE_CLOUD_PROJECT or local-project",
+            show_default="PUBSUB_PROJECT_ID, GOOGLE_CLOUD_PROJECT, gcloud's project, else local-project",
             help="Project of short topic and subscription IDs.",
         ),
         click.option(
@@ -246,7 +286,7 @@ def topics() -> None:
     """Create, list and delete topics."""
 
 
-@topics.command("create", epilog=EXIT_CODES_HELP)
+@topics.command("create", epilog=TOPIC_CREATE_EXIT_CODES)
 @click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
 @_connection_options
 def topics_create(names: tuple[str, ...], target: _Target) -> None:
@@ -258,7 +298,7 @@ def topics_create(names: tuple[str, ...], target: _Target) -> None:
                 click.echo(admin.create_topic(path).name)
 
 
-@topics.command("list", epilog=EXIT_CODES_HELP)
+@topics.command("list", epilog=LIST_EXIT_CODES)
 @_connection_options
 def topics_list(target: _Target) -> None:
     """Print the path of every topic of the project, one a line."""
@@ -267,7 +307,7 @@ def topics_list(target: _Target) -> None:
             click.echo(topic.name)
 
 
-@topics.command("delete", epilog=EXIT_CODES_HELP)
+@topics.command("delete", epilog=DELETE_EXIT_CODES)
 @click.argument("names", nargs=-1, required=True, metavar="TOPIC...")
 @_connection_options
 def topics_delete(names: tuple[str, ...], target: _Target) -> None:
@@ -281,7 +321,7 @@ def subscriptions() -> None:
     """Create, list and delete subscriptions."""
 
 
-@subscriptions.command("create", epilog=EXIT_CODES_HELP)
+@subscriptions.command("create", epilog=SUBSCRIPTION_CREATE_EXIT_CODES)
 @click.argument("name", metavar="SUBSCRIPTION")
 @click.option("--topic", required=True, help="The topic to subscribe to (short ID or full path).")
 @click.option(
@@ -311,7 +351,7 @@ def subscriptions_create(
         click.echo(created.name)
 
 
-@subscriptions.command("list", epilog=EXIT_CODES_HELP)
+@subscriptions.command("list", epilog=LIST_EXIT_CODES)
 @_connection_options
 def subscriptions_list(target: _Target) -> None:
     """Print every subscription of the project and its topic, one a line."""
@@ -320,7 +360,7 @@ def subscriptions_list(target: _Target) -> None:
             click.echo(f"{subscription.name}\t{subscription.topic}")
 
 
-@subscriptions.command("delete", epilog=EXIT_CODES_HELP)
+@subscriptions.command("delete", epilog=DELETE_EXIT_CODES)
 @click.argument("names", nargs=-1, required=True, metavar="SUBSCRIPTION...")
 @_connection_options
 def subscriptions_delete(names: tuple[str, ...], target: _Target) -> None:
@@ -350,9 +390,33 @@ def _parse_attributes(ctx: click.Context, param: click.Parameter, values: tuple[
     return attributes
 
 
-@click.command(epilog=EXIT_CODES_HELP, short_help="Publish a message to a topic.")
+def _read_data(data: str | None, data_file: str | None) -> bytes:
+    """The message data: DATA as UTF-8, or the bytes of --data-file or standard input (``-``)."""
+    if data is not None and data_file is not None:
+        raise click.UsageError("give DATA or --data-file, not both")
+    if data is None and data_file is None:
+        raise click.UsageError("give DATA, '-' to read standard input, or --data-file PATH")
+    if data is not None and data != "-":
+        return data.encode("utf-8")
+    source = data_file if data_file is not None else "-"
+    if source == "-":
+        return click.get_binary_stream("stdin").read()
+    try:
+        return Path(source).read_bytes()
+    except OSError as error:
+        raise click.BadParameter(
+            f"cannot read {source}: {error.strerror}", param_hint="'--data-file'"
+        ) from None
+
+
+@click.command(epilog=PUBLISH_EXIT_CODES, short_help="Publish a message to a topic.")
 @click.argument("topic")
-@click.argument("data")
+@click.argument("data", required=False)
+@click.option(
+    "--data-file",
+    metavar="PATH",
+    help="Publish the bytes of this file as they are ('-': standard input) instead of DATA.",
+)
 @click.option(
     "--attr",
     "attributes",
@@ -367,19 +431,23 @@ def _parse_attributes(ctx: click.Context, param: click.Parameter, values: tuple[
 @_connection_options
 def publish(
     topic: str,
-    data: str,
+    data: str | None,
+    data_file: str | None,
     attributes: dict[str, str],
     count: int,
     target: _Target,
 ) -> None:
-    """Publish DATA (text, sent as UTF-8) to TOPIC and print each message ID.
+    """Publish DATA to TOPIC and print each message ID.
 
+    DATA is text, sent as UTF-8; '-' reads the data from standard input, and --data-file PATH from a
+    file, as bytes (any size up to Pub/Sub's 10 MB, binary too): `hedgepub publish orders - < order.json`.
     Publishes through hedgepub's PublisherClient, retrying transient errors for at most --timeout
     seconds in all.
     """
     from hedgepub import PublisherClient  # the publisher is only needed here
 
     path = target.path("topics", topic)
+    payload = _read_data(data, data_file)  # before any request: a usage error costs no round trip
     # GetTopic first: an absent server or topic is then reported at once instead of after retries. A
     # caller who may publish but not view the topic (roles/pubsub.publisher alone) goes on to publish.
     with target.admin() as admin, _errors_to_exit_codes(target, f"topic {path}"):
@@ -389,7 +457,6 @@ def publish(
             if error.code is not StatusCode.PERMISSION_DENIED:
                 raise
     retry = RetrySettings(initial_rpc_timeout=min(5.0, target.timeout), total_timeout=target.timeout)
-    payload = data.encode("utf-8")
     failures = 0
     credentials: Any = None
     if target.token is not None:
@@ -443,7 +510,7 @@ def _describe(received: Any, as_json: bool) -> str:
     return f"{message.message_id}\t{data}" + (f"\t{attributes}" if attributes else "")
 
 
-@click.command(epilog=EXIT_CODES_HELP, short_help="Pull (and ack) messages from a subscription.")
+@click.command(epilog=PULL_EXIT_CODES, short_help="Pull (and ack) messages from a subscription.")
 @click.argument("subscription")
 @click.option(
     "--max",

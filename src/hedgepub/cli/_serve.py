@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hedgepub._wire import EMULATOR_HOST_ENV
+from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
@@ -33,7 +34,14 @@ _FAULT_HELP = (
 )
 
 
-@click.command()
+@click.command(
+    epilog=exit_codes_help(
+        (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+        (EXIT_FAILED, "could not start (address in use, data directory locked or damaged)"),
+        (EXIT_USAGE, "bad usage or unreadable option file"),
+        ("128+N", "a second signal N during shutdown ended it at once (130: Ctrl-C)"),
+    )
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8085, show_default=True, help="Port (0: any free one)."
@@ -103,6 +111,32 @@ _FAULT_HELP = (
     help="Serve REST/JSON (HTTP/1.1: gcloud, curl) on the same port as gRPC, as Google's emulator does "
     "(with --tls-cert too: the protocols a client offers in its TLS handshake tell the two apart).",
 )
+@click.option(
+    "--relay",
+    type=click.Choice(["process", "loop"]),
+    default="process",
+    show_default=True,
+    envvar="HEDGEPUB_RELAY",
+    show_envvar=True,
+    help="How the one port relays gRPC connections with REST on: by a relay process that moves the bytes in "
+    "the kernel (Linux; elsewhere the event loop does), or on the server's event loop.",
+)
+@click.option(
+    "--relay-cpu",
+    default=None,
+    metavar="N|any",
+    envvar="HEDGEPUB_RELAY_CPU",
+    show_envvar=True,
+    help="The CPU the relay process keeps to, or 'any' to leave it to the scheduler.  [default: the last "
+    "CPU the server may use, measured best: the server's busy thread then runs on another]",
+)
+@click.option(
+    "--buckets-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A directory standing for Cloud Storage: a Cloud Storage subscription of bucket B writes its files "
+    "in DIR/B. Without it, Cloud Storage subscriptions are refused.",
+)
 def serve(
     host: str,
     port: int,
@@ -118,6 +152,9 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     rest: bool,
+    relay: str,
+    relay_cpu: str | None,
+    buckets_dir: Path | None,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -159,6 +196,9 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         rest=rest,
+        relay=relay,
+        relay_cpu=_relay_cpu(relay_cpu),
+        buckets_dir=buckets_dir,
     )
 
     announced = False
@@ -253,6 +293,18 @@ async def _run(
     for server in servers:
         if server.hedge_dedup is not None and report is not None:
             report(server.hedge_dedup.counts)
+
+
+def _relay_cpu(setting: str | None) -> int | str | None:
+    """``--relay-cpu`` as :class:`~hedgepub.server.ServerOptions` takes it: None, a CPU number or "any"."""
+    if setting is None or not setting.strip():
+        return None
+    setting = setting.strip()
+    if setting == "any":
+        return setting
+    if setting.isdigit():
+        return int(setting)
+    raise click.BadParameter(f"{setting!r} is neither a CPU number nor 'any'", param_hint="'--relay-cpu'")
 
 
 def _iam_config(mode: str, tokens: Path | None, policy: Path | None) -> IamConfig | None:

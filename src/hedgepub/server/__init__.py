@@ -24,14 +24,39 @@ IAM enforcement is off unless asked for: ``LocalServer(iam=IamConfig(tokens, pol
 The options (store, faults, IAM, TLS, REST, ...) are :class:`ServerOptions`, which ``LocalServer`` builds
 from its arguments and ``hedgepub serve`` from its flags (:mod:`._options`).
 
-Layers: :mod:`._services` (thin gRPC handlers) -> :mod:`._core` (the coordinator; checks in
-:mod:`._resources`, each subscription's state machine in :mod:`._delivery`) ->
-:mod:`._store` / :mod:`._sqlite` (storage). :mod:`._faults` wraps the services as an interceptor
-(rules and their text in :mod:`._fault_rules`, delays in :mod:`._fault_delays`, counts in
-:mod:`._fault_counts`; the method table in :mod:`._methods`; the request log in :mod:`._request_log`).
-:mod:`._rest` answers REST calls through the gRPC face, behind :mod:`._front`, which owns the public port.
+Layers, each a subpackage, calls going down only:
+
+- :mod:`._api`: the faces. :mod:`._api.dispatch` serves every RPC of the one table in :mod:`._methods`
+  (derived from the client package's protocol descriptions) by the coroutine of the same name on
+  :class:`~._api.grpc.PubSubServicer`, after the permission check of :mod:`._iam`; :mod:`._api.rest`
+  answers REST calls through the gRPC face; :mod:`._api.request_log` logs each call.
+- :mod:`._front`: the one public port, telling gRPC from HTTP/1.1 (:mod:`._front.front`, the ClientHello
+  of TLS in :mod:`._front.client_hello`) and relaying gRPC in a relay process (:mod:`._front.relay`).
+- :mod:`._faults`: the fault injector, an interceptor around the faces (rules, delays, counts, units).
+- :mod:`._pubsub`: the service. :class:`~._pubsub.core.PubSubCore` is the coordinator the faces call:
+  topics and subscriptions (checks in :mod:`._pubsub.resources`, :mod:`._pubsub.limits`); it hands
+  Publish to :mod:`._pubsub.publishing`, pulls, leases, acks and dead letters to
+  :mod:`._pubsub.consumers` (each subscription's state machine in :mod:`._pubsub.delivery`, lease timers
+  in :mod:`._pubsub.leases`), IAM policies to :mod:`._pubsub.policies`, snapshots and Seek to
+  :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in :mod:`._pubsub.schema_formats`),
+  and push delivery to :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
+- :mod:`._store`: storage behind the :class:`Store` protocol: in memory (:mod:`._store.memory`) or SQLite
+  (:mod:`._store.sqlite`, written by the group-commit thread of :mod:`._store.group_commit`), in a data
+  directory (:mod:`._store.datadir`).
+- :mod:`._iam`: who may call what (:data:`~._iam.iam.RPC_PERMISSIONS`, one entry per RPC of the table).
+
+:mod:`._local` wires them together (each part gets what it needs in its constructor); :mod:`._options`
+holds :class:`ServerOptions`.
 """
 
+# First: without the `server` extra, say which extra to install rather than which module is missing
+# (so the imports below come after a statement).
+# ruff: noqa: E402
+from hedgepub._extras import require
+
+require("server", "hedgepub.server (the local server)")
+
+# isort: split
 from hedgepub.server._faults.delays import LatencyMix, StallWindows
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._faults.rules import FaultRule

@@ -24,8 +24,10 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
-from hedgepub.server._api.grpc import PubSubServicer, generic_handlers
+from hedgepub.server._api.dispatch import generic_handlers
+from hedgepub.server._api.grpc import PubSubServicer
 from hedgepub.server._api.rest import RestGateway, http_protocol_factory
+from hedgepub.server._api.shedding import LoadShedder
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._front.front import OnePortFront
 from hedgepub.server._iam.iam import Authorizer, IamConfig, IamEnforcer
@@ -34,6 +36,7 @@ from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
 from hedgepub.server._pubsub.oidc import CERTS_PATH, PushTokenSigner
+from hedgepub.server._pubsub.policies import IamPolicies
 from hedgepub.server._store.datadir import (
     DataDirError,
     DataDirLock,
@@ -45,10 +48,17 @@ from hedgepub.server._store.memory import MemoryStore, Store, StoredMessage
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
+#: Calls the gRPC face holds waiting for the event loop to take them up. gRPC's default (1,000, refused
+#: beyond as CANCELLED, which Google's emulator never answers) turned away thousands of concurrent calls;
+#: calls wait instead, and past the shedder's bound (_api/shedding.py) are refused UNAVAILABLE.
+MAX_PENDING_CALLS = 100_000
+#: Options of the gRPC face (and of the REST gateway's channel to it).
 GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
 )
 
 #: The least time REST connections get to finish when the server stops (see stop()).
@@ -135,6 +145,8 @@ class AsyncLocalServer:
         #: sets before starting.
         self.data_dir = options.data_dir
         self.faults = options.faults if options.faults is not None else FaultInjector()
+        #: Counts the gRPC calls in progress; refuses (UNAVAILABLE) those past its limit.
+        self.shedder = LoadShedder()
         # The front works on the loop's reader callbacks, which Windows' default (proactor) loop lacks.
         self.rest = options.rest and sys.platform != "win32"
         #: With ``dedup_hedges=True``: the window that stores each hedged batch once (else ``None``).
@@ -209,7 +221,7 @@ class AsyncLocalServer:
         front = None
         if self.rest:
             # The public port first: when it is taken, nothing else has been opened yet.
-            front = OnePortFront(tls_context)
+            front = OnePortFront(tls_context, relay=self.options.relay, relay_cpu=self.options.relay_cpu)
             try:
                 await front.bind(self.host, self.options.port)
             except OSError as error:
@@ -237,7 +249,22 @@ class AsyncLocalServer:
         tokens = PushTokenSigner(key_file)
         tokens.load()  # a key file that cannot be read fails the start, before the store is opened
         store = open_store(self.data_dir, options.in_memory, keep_unsubscribed=options.keep_unsubscribed)
-        core = PubSubCore(store, clock=options.clock, window=options.window, push_tokens=tokens)
+        # IAM enforcement reads the policies the core keeps, and tells it where dead letters may go.
+        policies = IamPolicies(store)
+        authorizer = options.authorizer
+        may_forward = None
+        if options.iam is not None:
+            enforcer = IamEnforcer(options.iam, policies.stored)
+            authorizer, may_forward = enforcer, enforcer.may_forward
+        core = PubSubCore(
+            store,
+            clock=options.clock,
+            window=options.window,
+            push_tokens=tokens,
+            buckets_dir=options.buckets_dir,
+            policies=policies,
+            may_forward=may_forward,
+        )
         loop = asyncio.get_running_loop()
         try:
             # Loading a large SQLite backlog can take a moment; keep the loop free meanwhile.
@@ -248,11 +275,8 @@ class AsyncLocalServer:
             raise DataDirError(
                 f"database file {database_path(self.data_dir or '')} cannot be loaded: {error}"
             ) from None
-        authorizer = options.authorizer
-        if options.iam is not None:
-            authorizer = IamEnforcer(options.iam, core.stored_policy)
-            core.may_forward = authorizer.may_forward  # dead-letter forwarding only where it may publish
-        server = grpc.aio.server(interceptors=[self.faults], options=GRPC_OPTIONS)
+        # The shedder first: a call it refuses meets no injected fault and runs no handler.
+        server = grpc.aio.server(interceptors=[self.shedder, self.faults], options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()
@@ -383,6 +407,8 @@ class LocalServer:
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
         rest: bool = True,
+        relay: str = "process",
+        relay_cpu: int | str | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
@@ -400,6 +426,8 @@ class LocalServer:
                 tls_cert=tls_cert,
                 tls_key=tls_key,
                 rest=rest,
+                relay=relay,
+                relay_cpu=relay_cpu,
             )
         )
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -11,6 +11,7 @@ from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub.server._faults.injector import FaultInjector
+from hedgepub.server._front.front import RELAYS
 from hedgepub.server._iam.iam import Authorizer, IamConfig
 from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 
@@ -57,6 +58,20 @@ class ServerOptions:
     #: apart by the protocols the client offers in its TLS handshake); ``False`` serves gRPC alone, and so
     #: does a server on Windows.
     rest: bool = True
+    #: How the one-port front (``rest=True``) relays gRPC connections to the gRPC face: ``"process"``, by a
+    #: small relay process that moves the bytes in the kernel (Linux; elsewhere, or when it cannot start,
+    #: the event loop does), or ``"loop"``, on the server's event loop (``hedgepub serve --relay``).
+    relay: str = "process"
+    #: The CPU the relay process keeps to: ``None``, the last one the server may use; a CPU number; or
+    #: ``"any"``, left to the scheduler (``hedgepub serve --relay-cpu``). Kept to one CPU, the scheduler
+    #: settles the server's busy thread on another: with REST on, gRPC ran at 0.94-0.95x of its
+    #: messages/s with REST off, against 0.88-0.90x with the relay left free, on 2 cores
+    #: (``benchmarks/rest_front.py``). A CPU it cannot keep to is said on stderr and left free.
+    relay_cpu: int | str | None = None
+    #: A directory standing for Cloud Storage: a Cloud Storage subscription of bucket ``B`` writes its files
+    #: in ``buckets_dir/B`` (created when missing). Without it, Cloud Storage subscriptions are refused
+    #: (``hedgepub serve --buckets-dir``).
+    buckets_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -65,6 +80,13 @@ class ServerOptions:
             )
         if self.iam is not None and self.authorizer is not None:
             raise ValueError("give iam= (IAM enforcement) or authorizer= (a custom one), not both")
+        if self.relay not in RELAYS:
+            raise ValueError(f"relay must be one of {', '.join(RELAYS)}; got {self.relay!r}")
+        cpu = self.relay_cpu
+        if not (
+            cpu is None or cpu == "any" or (isinstance(cpu, int) and not isinstance(cpu, bool) and cpu >= 0)
+        ):
+            raise ValueError(f"relay_cpu must be None, a CPU number or 'any'; got {cpu!r}")
         if self.iam is not None and not isinstance(self.iam, IamConfig):
             raise TypeError(f"iam must be an IamConfig or None; got {type(self.iam).__name__}")
 

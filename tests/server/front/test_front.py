@@ -31,8 +31,7 @@ from google.pubsub_v1.services.publisher.transports import PublisherGrpcTranspor
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from hedgepub.server import LocalServer
-from hedgepub.server._front.front import HTTP2_PREFACE, RELAY_ENVIRONMENT
-from hedgepub.server._front.relay import CPU_ENVIRONMENT
+from hedgepub.server._front.front import HTTP2_PREFACE
 
 from ..._pb import PublishRequest, PublishResponse, PullRequest, PullResponse, Topic
 from ..._tls import Certificates
@@ -48,8 +47,7 @@ RELAYS = ["process", "loop"]
 
 @pytest.fixture(params=RELAYS)
 def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, request.param)
-    with LocalServer(in_memory=True) as local:
+    with LocalServer(in_memory=True, relay=request.param) as local:
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", local.address)
         yield local
 
@@ -131,9 +129,8 @@ def test_large_messages_cross_the_relay_both_ways(server: LocalServer) -> None:
 
 
 @pytest.mark.parametrize("relay", RELAYS)
-def test_stopping_the_server_closes_relayed_connections(relay: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, relay)
-    server = LocalServer(in_memory=True).start()
+def test_stopping_the_server_closes_relayed_connections(relay: str) -> None:
+    server = LocalServer(in_memory=True, relay=relay).start()
     connection = _connect(server)
     try:
         connection.sendall(HTTP2_PREFACE)
@@ -222,8 +219,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 def test_grpc_goes_on_when_the_relay_process_dies(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
-    with LocalServer(in_memory=True) as server:
+    with LocalServer(in_memory=True, relay="process") as server:
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
         relay = _the_relay_process(os.getpid())
         os.kill(relay, signal.SIGKILL)
@@ -258,12 +254,9 @@ def _publish_call(channel: grpc.Channel) -> Any:
 
 
 @linux_only
-def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_closed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
+def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_closed() -> None:
     topic = f"{PROJECT}/topics/many"
-    with LocalServer(in_memory=True) as server:
+    with LocalServer(in_memory=True, relay="process") as server:
         relay = _the_relay_process(os.getpid())
         # Ready once it has its epoll instance (it starts in tens of milliseconds).
         assert _wait_for(lambda: _descriptors(relay)["anon_inode"] == 1)
@@ -308,20 +301,15 @@ def test_the_relay_process_serves_many_connections_at_once_and_keeps_none_it_clo
     [
         (None, lambda allowed: {max(allowed)}),  # the default: the last CPU it may use
         ("any", lambda allowed: allowed),  # left to the scheduler
-        ("0", lambda allowed: {0}),
-        ("not-a-cpu", lambda allowed: allowed),  # said on stderr, and relaying goes on unpinned
+        (0, lambda allowed: {0}),
+        (1 << 16, lambda allowed: allowed),  # no such CPU: said on stderr, and relaying goes on unpinned
     ],
 )
 def test_the_relay_process_keeps_to_one_cpu_unless_told_otherwise(
-    setting: str | None, expected: Callable[[set[int]], set[int]], monkeypatch: pytest.MonkeyPatch
+    setting: int | str | None, expected: Callable[[set[int]], set[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
-    if setting is None:
-        monkeypatch.delenv(CPU_ENVIRONMENT, raising=False)
-    else:
-        monkeypatch.setenv(CPU_ENVIRONMENT, setting)
     allowed = os.sched_getaffinity(0)
-    with LocalServer(in_memory=True) as server:
+    with LocalServer(in_memory=True, relay="process", relay_cpu=setting) as server:
         relay = _the_relay_process(os.getpid())
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
         publisher = pubsub_v1.PublisherClient()
@@ -334,12 +322,11 @@ def test_the_relay_process_keeps_to_one_cpu_unless_told_otherwise(
 
 @linux_only
 def test_the_relay_process_runs_out_of_descriptors_one_connection_at_a_time(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
     topic = f"{PROJECT}/topics/descriptors"
     own_connection = [("grpc.use_local_subchannel_pool", 1)]
-    with LocalServer(in_memory=True) as server:
+    with LocalServer(in_memory=True, relay="process") as server:
         relay = _the_relay_process(os.getpid())
         assert _wait_for(lambda: _descriptors(relay)["anon_inode"] == 1)
         # It raised its own limit as far as it may (a soft limit is often 1,024, six a connection).
@@ -420,11 +407,10 @@ def test_no_relay_process_outlives_its_server(tmp_path: Any) -> None:
 
 
 @pytest.fixture(params=RELAYS)
-def tls_server(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, certificates: Certificates
-) -> Iterator[LocalServer]:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, request.param)
-    with LocalServer(in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key) as local:
+def tls_server(request: pytest.FixtureRequest, certificates: Certificates) -> Iterator[LocalServer]:
+    with LocalServer(
+        in_memory=True, tls_cert=certificates.cert, tls_key=certificates.key, relay=request.param
+    ) as local:
         yield local
 
 

@@ -20,7 +20,6 @@ from google.cloud import pubsub_v1
 
 from hedgepub.server import LocalServer
 from hedgepub.server._front import front as front_module
-from hedgepub.server._front.front import RELAY_ENVIRONMENT
 
 from .test_front import _relay_processes, _the_relay_process, _wait_for, _wait_gone, linux_only
 
@@ -90,10 +89,11 @@ def test_out_of_descriptors_the_front_pauses_accepting_and_logs_once(tmp_path: P
                 "--in-memory",
                 "--port",
                 "0",
+                "--relay",
+                "loop",
             ],
             stdout=subprocess.PIPE,
             stderr=log,
-            env={**os.environ, RELAY_ENVIRONMENT: "loop"},
         )
     held: list[socket.socket] = []
     try:
@@ -132,8 +132,7 @@ def test_out_of_descriptors_the_front_pauses_accepting_and_logs_once(tmp_path: P
 
 @linux_only
 def test_a_dead_relay_process_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(RELAY_ENVIRONMENT, "process")
-    with LocalServer(in_memory=True) as server:
+    with LocalServer(in_memory=True, relay="process") as server:
         first = _the_relay_process(os.getpid())
         os.kill(first, signal.SIGKILL)
         assert _wait_gone([first]) == []

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hedgepub.server import MemoryStore, PubSubCore
-from hedgepub.server._pubsub.delivery import retry_delay
+from hedgepub.server._pubsub.leases import retry_delay
 from hedgepub.testing.virtual_time import run_virtual
 
 from ..._pb import PubsubMessage, RetryPolicy, Subscription, Topic

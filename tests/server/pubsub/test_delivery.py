@@ -463,11 +463,11 @@ def test_a_modify_ack_deadline_loop_leaves_the_deadline_heap_bounded() -> None:
         ack_ids = [r.ack_id for r in leases]
         for _ in range(2000):
             core.modify_ack_deadline(SUBSCRIPTION, ack_ids, 60)
-        assert core._leasing.heap_size() <= 2 * 10 + 1024 + 1
+        assert core.consumers.leasing.heap_size() <= 2 * 10 + 1024 + 1
         await core.acknowledge(SUBSCRIPTION, ack_ids)
         for _ in range(2000):  # acknowledged: nothing to extend, nothing added
             core.modify_ack_deadline(SUBSCRIPTION, ack_ids, 60)
-        assert core._leasing.heap_size() <= 1024 + 1
+        assert core.consumers.leasing.heap_size() <= 1024 + 1
 
     run_virtual(scenario())
 

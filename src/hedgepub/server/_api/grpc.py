@@ -1,41 +1,33 @@
 """The gRPC face of the server: thin handlers for ``google.pubsub.v1`` and ``google.iam.v1``.
 
-Each handler parses its request (raw protobuf classes, served through generic handlers), asks the
-:class:`~hedgepub.server._iam.iam.Authorizer` for the RPC's permission, calls the core, and turns a
-:class:`~hedgepub.server._pubsub.limits.ServiceError` into a status code. Methods not listed here, and unknown
-services, answer UNIMPLEMENTED with a message naming the method.
+:class:`PubSubServicer` has one coroutine per RPC of the table in :mod:`hedgepub.server._methods`, named
+as the method; each calls the core. :mod:`.dispatch` serves them: it parses each request, asks
+:meth:`PubSubServicer.authorize` for the RPC's permission and turns a
+:class:`~hedgepub.server._pubsub.limits.ServiceError` into a status code.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
 import grpc.aio
-from google.iam.v1 import iam_policy_pb2, policy_pb2
-from google.protobuf import any_pb2, empty_pb2
-from google.protobuf.message import DecodeError
+from google.iam.v1 import iam_policy_pb2
+from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 from google.pubsub_v1.types import schema as schema_types
-from google.rpc import status_pb2
 
-from hedgepub._status import StatusCode
+from hedgepub.server._api.dispatch import MALFORMED
 from hedgepub.server._iam import iam as _iam
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
-from hedgepub.server._pubsub.limits import ServiceError, check_ack_deadline, invalid
+from hedgepub.server._pubsub.limits import check_ack_deadline, invalid
 from hedgepub.server._pubsub.resources import page
-from hedgepub.server._store.datadir import DISK_FULL_MESSAGE, disk_full
 
 logger = logging.getLogger("hedgepub.server")
-
-PUBLISHER_SERVICE = "google.pubsub.v1.Publisher"
-SUBSCRIBER_SERVICE = "google.pubsub.v1.Subscriber"
-IAM_SERVICE = "google.iam.v1.IAMPolicy"
-SCHEMA_SERVICE = "google.pubsub.v1.SchemaService"
 
 #: How long a Pull without ``return_immediately`` waits for a first message before answering empty.
 PULL_WAIT_SECONDS = 5.0
@@ -43,25 +35,6 @@ PULL_WAIT_SECONDS = 5.0
 _pb = pubsub_types
 _schema = schema_types
 _Empty = empty_pb2.Empty
-_MALFORMED = object()
-
-_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def _grpc_code(code: StatusCode) -> grpc.StatusCode:
-    return _GRPC_CODES[int(code)]
-
-
-def _parser(message_class: Any) -> Callable[[bytes], Any]:
-    parse = message_class.FromString
-
-    def deserialize(data: bytes) -> Any:
-        try:
-            return parse(data)
-        except DecodeError:
-            return _MALFORMED
-
-    return deserialize
 
 
 def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
@@ -473,230 +446,11 @@ def _paged(
     return response_type.pb()(**{field: items, "next_page_token": token})
 
 
-def _status_details(error: ServiceError) -> tuple[tuple[str, bytes], ...]:
-    """The ``grpc-status-details-bin`` trailer carrying ``error.details`` (none when it has none)."""
-    if not error.details:
-        return ()
-    packed = []
-    for detail in error.details:
-        holder = any_pb2.Any()
-        holder.Pack(detail)
-        packed.append(holder)
-    status = status_pb2.Status(code=int(error.code), message=error.message, details=packed)
-    return (("grpc-status-details-bin", status.SerializeToString()),)
-
-
-async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
-    """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
-    if isinstance(error, ServiceError):
-        await context.abort(_grpc_code(error.code), error.message, _status_details(error))
-    if disk_full(error):  # not a bug: the store refused a write, and recovers by itself when space returns
-        logger.warning("%s: the disk is full (%s); answered UNAVAILABLE", method, error)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, DISK_FULL_MESSAGE)
-    logger.error("%s failed", method, exc_info=error)
-    await context.abort(grpc.StatusCode.INTERNAL, f"The server failed to handle {method}; see its log.")
-
-
 async def _next_request(requests: AsyncIterator[Any]) -> Any:
     try:
         request = await requests.__anext__()
     except StopAsyncIteration:
         return None
-    if request is _MALFORMED:
+    if request is MALFORMED:
         raise invalid("The request could not be parsed as a StreamingPullRequest.")
     return request
-
-
-# (service, method, request class, response class, streaming)
-_METHODS: tuple[tuple[str, str, Any, Any, bool], ...] = (
-    (PUBLISHER_SERVICE, "CreateTopic", _pb.Topic.pb(), _pb.Topic.pb(), False),
-    (PUBLISHER_SERVICE, "UpdateTopic", _pb.UpdateTopicRequest.pb(), _pb.Topic.pb(), False),
-    (PUBLISHER_SERVICE, "Publish", _pb.PublishRequest.pb(), _pb.PublishResponse.pb(), False),
-    (PUBLISHER_SERVICE, "GetTopic", _pb.GetTopicRequest.pb(), _pb.Topic.pb(), False),
-    (PUBLISHER_SERVICE, "ListTopics", _pb.ListTopicsRequest.pb(), _pb.ListTopicsResponse.pb(), False),
-    (
-        PUBLISHER_SERVICE,
-        "ListTopicSubscriptions",
-        _pb.ListTopicSubscriptionsRequest.pb(),
-        _pb.ListTopicSubscriptionsResponse.pb(),
-        False,
-    ),
-    (PUBLISHER_SERVICE, "DeleteTopic", _pb.DeleteTopicRequest.pb(), _Empty, False),
-    (
-        PUBLISHER_SERVICE,
-        "DetachSubscription",
-        _pb.DetachSubscriptionRequest.pb(),
-        _pb.DetachSubscriptionResponse.pb(),
-        False,
-    ),
-    (SUBSCRIBER_SERVICE, "CreateSubscription", _pb.Subscription.pb(), _pb.Subscription.pb(), False),
-    (SUBSCRIBER_SERVICE, "GetSubscription", _pb.GetSubscriptionRequest.pb(), _pb.Subscription.pb(), False),
-    (
-        SUBSCRIBER_SERVICE,
-        "UpdateSubscription",
-        _pb.UpdateSubscriptionRequest.pb(),
-        _pb.Subscription.pb(),
-        False,
-    ),
-    (
-        SUBSCRIBER_SERVICE,
-        "ListSubscriptions",
-        _pb.ListSubscriptionsRequest.pb(),
-        _pb.ListSubscriptionsResponse.pb(),
-        False,
-    ),
-    (SUBSCRIBER_SERVICE, "DeleteSubscription", _pb.DeleteSubscriptionRequest.pb(), _Empty, False),
-    (SUBSCRIBER_SERVICE, "CreateSnapshot", _pb.CreateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
-    (SUBSCRIBER_SERVICE, "GetSnapshot", _pb.GetSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
-    (
-        SUBSCRIBER_SERVICE,
-        "ListSnapshots",
-        _pb.ListSnapshotsRequest.pb(),
-        _pb.ListSnapshotsResponse.pb(),
-        False,
-    ),
-    (SUBSCRIBER_SERVICE, "UpdateSnapshot", _pb.UpdateSnapshotRequest.pb(), _pb.Snapshot.pb(), False),
-    (SUBSCRIBER_SERVICE, "DeleteSnapshot", _pb.DeleteSnapshotRequest.pb(), _Empty, False),
-    (SUBSCRIBER_SERVICE, "Seek", _pb.SeekRequest.pb(), _pb.SeekResponse.pb(), False),
-    (
-        PUBLISHER_SERVICE,
-        "ListTopicSnapshots",
-        _pb.ListTopicSnapshotsRequest.pb(),
-        _pb.ListTopicSnapshotsResponse.pb(),
-        False,
-    ),
-    (SUBSCRIBER_SERVICE, "ModifyAckDeadline", _pb.ModifyAckDeadlineRequest.pb(), _Empty, False),
-    (SUBSCRIBER_SERVICE, "Acknowledge", _pb.AcknowledgeRequest.pb(), _Empty, False),
-    (SUBSCRIBER_SERVICE, "Pull", _pb.PullRequest.pb(), _pb.PullResponse.pb(), False),
-    (SUBSCRIBER_SERVICE, "ModifyPushConfig", _pb.ModifyPushConfigRequest.pb(), _Empty, False),
-    (
-        SUBSCRIBER_SERVICE,
-        "StreamingPull",
-        _pb.StreamingPullRequest.pb(),
-        _pb.StreamingPullResponse.pb(),
-        True,
-    ),
-    (SCHEMA_SERVICE, "CreateSchema", _schema.CreateSchemaRequest.pb(), _schema.Schema.pb(), False),
-    (SCHEMA_SERVICE, "GetSchema", _schema.GetSchemaRequest.pb(), _schema.Schema.pb(), False),
-    (
-        SCHEMA_SERVICE,
-        "ListSchemas",
-        _schema.ListSchemasRequest.pb(),
-        _schema.ListSchemasResponse.pb(),
-        False,
-    ),
-    (
-        SCHEMA_SERVICE,
-        "ListSchemaRevisions",
-        _schema.ListSchemaRevisionsRequest.pb(),
-        _schema.ListSchemaRevisionsResponse.pb(),
-        False,
-    ),
-    (SCHEMA_SERVICE, "CommitSchema", _schema.CommitSchemaRequest.pb(), _schema.Schema.pb(), False),
-    (SCHEMA_SERVICE, "RollbackSchema", _schema.RollbackSchemaRequest.pb(), _schema.Schema.pb(), False),
-    (
-        SCHEMA_SERVICE,
-        "DeleteSchemaRevision",
-        _schema.DeleteSchemaRevisionRequest.pb(),
-        _schema.Schema.pb(),
-        False,
-    ),
-    (SCHEMA_SERVICE, "DeleteSchema", _schema.DeleteSchemaRequest.pb(), _Empty, False),
-    (
-        SCHEMA_SERVICE,
-        "ValidateSchema",
-        _schema.ValidateSchemaRequest.pb(),
-        _schema.ValidateSchemaResponse.pb(),
-        False,
-    ),
-    (
-        SCHEMA_SERVICE,
-        "ValidateMessage",
-        _schema.ValidateMessageRequest.pb(),
-        _schema.ValidateMessageResponse.pb(),
-        False,
-    ),
-    (IAM_SERVICE, "SetIamPolicy", iam_policy_pb2.SetIamPolicyRequest, policy_pb2.Policy, False),
-    (IAM_SERVICE, "GetIamPolicy", iam_policy_pb2.GetIamPolicyRequest, policy_pb2.Policy, False),
-    (
-        IAM_SERVICE,
-        "TestIamPermissions",
-        iam_policy_pb2.TestIamPermissionsRequest,
-        iam_policy_pb2.TestIamPermissionsResponse,
-        False,
-    ),
-)
-
-#: Full paths of every implemented method.
-IMPLEMENTED_METHODS: frozenset[str] = frozenset(f"/{service}/{method}" for service, method, *_ in _METHODS)
-
-
-def _unary(servicer: PubSubServicer, method: str, request_class: Any) -> Callable[..., Awaitable[Any]]:
-    behavior = getattr(servicer, method)
-    authorize = servicer.authorize
-    name = request_class.DESCRIPTOR.name
-
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request is _MALFORMED:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"The request could not be parsed as a {name}."
-            )
-        try:
-            await authorize(method, request, context)
-            return await behavior(request, context)
-        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
-            await _abort(context, method, error)
-
-    return handle
-
-
-def _streaming(servicer: PubSubServicer, method: str) -> Callable[..., AsyncIterator[Any]]:
-    behavior = getattr(servicer, method)
-
-    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for response in behavior(requests, context):
-                yield response
-        except Exception as error:  # not CancelledError: a BaseException, it ends the call as it is
-            await _abort(context, method, error)
-
-    return handle
-
-
-class _Unimplemented(grpc.GenericRpcHandler):
-    """Answers any method nobody else serves with UNIMPLEMENTED and a message naming it."""
-
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-
-        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                f"Method {method} is not implemented by the hedgepub local Pub/Sub server.",
-            )
-
-        return grpc.stream_stream_rpc_method_handler(refuse)
-
-
-def generic_handlers(servicer: PubSubServicer) -> list[grpc.GenericRpcHandler]:
-    """The generic handlers to add to a ``grpc.aio`` server, the UNIMPLEMENTED catch-all last."""
-    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for service, method, request_class, response_class, streaming in _METHODS:
-        if streaming:
-            handler = grpc.stream_stream_rpc_method_handler(
-                _streaming(servicer, method),
-                request_deserializer=_parser(request_class),
-                response_serializer=response_class.SerializeToString,
-            )
-        else:
-            handler = grpc.unary_unary_rpc_method_handler(
-                _unary(servicer, method, request_class),
-                request_deserializer=_parser(request_class),
-                response_serializer=response_class.SerializeToString,
-            )
-        by_service.setdefault(service, {})[method] = handler
-    handlers: list[grpc.GenericRpcHandler] = [
-        grpc.method_handlers_generic_handler(service, methods) for service, methods in by_service.items()
-    ]
-    handlers.append(_Unimplemented())
-    return handlers

@@ -1,8 +1,9 @@
 """gRPC method handlers as values: taking one apart, building its like around another behavior, and the
 handler of a method the server does not implement.
 
-The fault injector (:mod:`._faults`) wraps each handler it touches in a coroutine of its own; these are
-the pieces it needs to do that for all four kinds of handler (unary or streaming, in each direction).
+The fault injector (:mod:`hedgepub.server._faults.injector`) wraps each handler it touches in a coroutine
+of its own; these are the pieces it needs to do that for all four kinds of handler (unary or streaming,
+in each direction).
 """
 
 from __future__ import annotations

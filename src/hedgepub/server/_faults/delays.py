@@ -3,7 +3,7 @@
 window until it ends (``"500ms/5s"``), so that slowness is correlated in time.
 
 Both are immutable values, read from and written as the text of the fault rule language; the injector
-(:mod:`._faults`) holds the random generator and the time origin they are given, and does the waiting.
+(:mod:`.injector`) holds the random generator and the time origin they are given, and does the waiting.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ the same seed gives the same windows, and every stall rule of one injector with 
 at the same moments, as one stalled front end would.
 
 The rules and the text they are written in (``hedgepub serve --fault``, ``--faults-file``) are in
-:mod:`._fault_rules`.
+:mod:`.rules`.
 """
 
 from __future__ import annotations

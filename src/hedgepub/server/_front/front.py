@@ -15,7 +15,7 @@ relay gRPC's bytes itself: it hands each gRPC connection's socket to a small rel
 (:mod:`hedgepub.server._front.relay`) that moves them with ``splice(2)``, in the kernel, on the other
 core. That process starts in its own session, so that a scheduler that shares CPU between sessions
 (Linux's autogroups) does not make it queue behind the server's busy thread. Elsewhere, or when the
-process cannot be started, or with ``HEDGEPUB_RELAY=loop`` in the environment, the server's event loop
+process cannot be started, or with ``ServerOptions(relay="loop")``, the server's event loop
 relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
 rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
 are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether. A relay process that
@@ -98,8 +98,9 @@ BACKLOG = 128
 _RETRY = (BlockingIOError, InterruptedError)
 #: Where a new connection goes: relayed to the gRPC face, served as HTTP/1.1, or closed.
 _Way = Literal["grpc", "http", "refuse"]
-#: ``HEDGEPUB_RELAY=loop`` relays gRPC on the server's event loop even where the relay process would run.
-RELAY_ENVIRONMENT = "HEDGEPUB_RELAY"
+#: How the front may relay gRPC connections: by the relay process where it runs (else on the event loop),
+#: or on the server's event loop always.
+RELAYS = ("process", "loop")
 
 #: The front's connections to the gRPC face (a Linux abstract unix socket) are bound to a name that
 #: starts with this and carries the client's address, so that the gRPC face's ``context.peer()`` still
@@ -200,7 +201,7 @@ class _LoopRelay:
 class _RelayProcess:
     """The child process that relays gRPC connections (see :mod:`hedgepub.server._front.relay`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu: int | str | None = None) -> None:
         self.started = time.monotonic()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -211,6 +212,7 @@ class _RelayProcess:
                     "-S",
                     str(Path(__file__).with_name("relay.py")),
                     str(child.fileno()),
+                    *(() if cpu is None else (str(cpu),)),
                 ],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
@@ -270,10 +272,19 @@ class OnePortFront:
     (the server's certificate and key, ALPN ``http/1.1``) the port speaks TLS: gRPC connections are
     relayed still encrypted, to a gRPC face that ends TLS itself, and HTTP/1.1 ones are served over
     ``tls``.
+
+    ``relay`` is ``"process"`` (the relay process where it can run, kept to CPU ``relay_cpu``: see
+    :class:`~hedgepub.server.ServerOptions`) or ``"loop"`` (the event loop relays).
     """
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, tls: ssl.SSLContext | None = None, *, relay: str = "process", relay_cpu: int | str | None = None
+    ) -> None:
+        if relay not in RELAYS:
+            raise ValueError(f"relay must be one of {', '.join(RELAYS)}; got {relay!r}")
         self._tls = tls
+        self._relay = relay
+        self._relay_cpu = relay_cpu
         self._listeners: list[socket.socket] = []
         self._grpc_family = socket.AF_INET
         self._grpc_address: Any = None
@@ -332,7 +343,7 @@ class OnePortFront:
             and hasattr(socket, "send_fds")
             and isinstance(grpc_address, str)
             and grpc_address.startswith("\0")
-            and os.environ.get(RELAY_ENVIRONMENT, "process") != "loop"
+            and self._relay == "process"
         ):
             self._relay_wanted = True
             self._start_relay_process()
@@ -342,7 +353,7 @@ class OnePortFront:
         assert self._loop is not None
         self._relay_last_start = time.monotonic()
         try:
-            process = _RelayProcess()
+            process = _RelayProcess(self._relay_cpu)
         except OSError as error:
             logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
             return

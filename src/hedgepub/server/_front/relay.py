@@ -12,14 +12,15 @@ looked (a request one way, the answer to an earlier one the other, several conne
 blocked threads wake once each and then contend for the GIL. Measured side by side
 (``benchmarks/rest_front.py``), it halved the relay's voluntary context switches per call.
 
-The process keeps to one CPU (the last it may use, or ``HEDGEPUB_RELAY_CPU=N``; ``any`` leaves it to the
-scheduler). Left free, it ran mostly on the server's busy Python thread's CPU (60-73% of samples on 2
-cores), since a wake-up tends to bring it next to whoever woke it, and each chunk it moved there took
-that thread off the CPU, the thread that bounds the server's throughput. Kept to one CPU, the scheduler
-settles that thread on another (99% of samples): 0.94-0.98x of gRPC alone's messages/s instead of
-0.83-0.90x in the same runs (``benchmarks/rest_front.py``, README "REST front cost").
+The process keeps to one CPU (the last it may use, or the one ``ServerOptions.relay_cpu`` names,
+``hedgepub serve --relay-cpu``; ``any`` leaves it to the scheduler). Left free, it ran mostly on the
+server's busy Python thread's CPU (60-73% of samples on 2 cores), since a wake-up tends to bring it next
+to whoever woke it, and each chunk it moved there took that thread off the CPU, the thread that bounds
+the server's throughput. Kept to one CPU, the scheduler settles that thread on another (99% of samples):
+0.94-0.98x of gRPC alone's messages/s instead of 0.83-0.90x in the same runs
+(``benchmarks/rest_front.py``, README "REST front cost").
 
-The process runs this file alone (``python -I -S relay.py FD``, standard library only, no
+The process runs this file alone (``python -I -S relay.py FD [CPU]``, standard library only, no
 package import), so it starts in tens of milliseconds and holds a few MiB. It lives as long as its
 control socket: when the server closes it, or dies, the process exits and the kernel closes what it
 relayed (whose gRPC side the server has closed by then anyway).
@@ -44,8 +45,6 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _NONBLOCK = getattr(os, "SPLICE_F_NONBLOCK", 2)
 #: Largest control message: two socket names (at most 108 bytes each) and a separator.
 _CONTROL_BYTES = 512
-#: ``HEDGEPUB_RELAY_CPU``: the CPU to keep to (a number), or ``any`` for none; unset: the last one allowed.
-CPU_ENVIRONMENT = "HEDGEPUB_RELAY_CPU"
 _READABLE = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 _ENDED = select.EPOLLHUP | select.EPOLLERR
 
@@ -202,7 +201,8 @@ def _reach(client: socket.socket, target: str, name: str) -> tuple[socket.socket
 
 
 def keep_to_one_cpu(setting: str | None) -> int | None:
-    """Keep this process to one CPU as ``setting`` (see :data:`CPU_ENVIRONMENT`) says; return it, or None
+    """Keep this process to one CPU as ``setting`` says (a number, ``any`` for none, empty or None for the
+    last one allowed); return it, or None
     when it is left free (``any``, a single allowed CPU, or a setting that cannot be followed, which is
     said on stderr: the relay works anyway)."""
     if setting == "any" or not hasattr(os, "sched_setaffinity"):
@@ -215,7 +215,7 @@ def keep_to_one_cpu(setting: str | None) -> int | None:
         os.sched_setaffinity(0, {cpu})
     except (ValueError, OSError) as error:
         print(
-            f"hedgepub relay: not keeping to one CPU ({CPU_ENVIRONMENT}={setting!r}): {error}",
+            f"hedgepub relay: not keeping to one CPU (relay_cpu={setting!r}): {error}",
             file=sys.stderr,
             flush=True,
         )
@@ -239,10 +239,10 @@ def raise_descriptor_limit() -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``relay.py CONTROL_FD``."""
+    """Entry point: ``relay.py CONTROL_FD [CPU]`` (CPU: a number, or ``any``; none: the last allowed)."""
     # Ctrl-C on a terminal reaches the whole process group; this process ends when the server closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keep_to_one_cpu(os.environ.get(CPU_ENVIRONMENT))
+    keep_to_one_cpu(argv[2] if len(argv) > 2 else None)
     raise_descriptor_limit()
     Relay(socket.socket(fileno=int(argv[1]))).run()
     return 0

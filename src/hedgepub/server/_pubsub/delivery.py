@@ -1,8 +1,8 @@
-"""Delivery: one subscription's state machine (ready, leased, ordering, dead-letter) and the lease timer.
+"""Delivery: one subscription's state machine (ready, leased, ordering, dead-letter).
 
 All of it runs on one event loop and is driven by an injected clock; nothing here touches gRPC or writes
-to the store. The core (:mod:`._core`) writes to the store and calls in here; a subscription reads its
-backlog from the store only through the page source it is given.
+to the store. The core (:mod:`.core`, :mod:`.consumers`) writes to the store and calls in here; a
+subscription reads its backlog from the store only through the page source it is given.
 
 - A subscription holds a bounded window of its backlog in memory (``window`` ready messages, those
   waiting behind their ordering key included) and reads the rest in pages as the window drains, so its
@@ -12,12 +12,13 @@ backlog from the store only through the page source it is given.
 
 - Each subscription has a ``ready`` queue. Delivering a message leases it under a fresh ack ID until a
   deadline; acknowledging drops it, a modify-deadline of 0 (nack) or the deadline passing puts it back
-  at the front of ``ready``. Deadlines are kept in one heap for all subscriptions (:class:`Leasing`) and
-  expired by a timer on the clock, so a lease runs out even when nobody pulls.
+  at the front of ``ready``. Deadlines are kept in one heap for all subscriptions
+  (:class:`~.leases.Leasing`) and expired by a timer on the clock, so a lease runs out even when nobody
+  pulls.
 - With message ordering, only the oldest unacknowledged message of each ordering key is ever ready or
   leased; the next one of that key becomes ready when it is acknowledged.
 - With a retry policy, a message whose lease ended unacknowledged (nack or deadline) waits
-  :func:`retry_delay` before it is ready again ("backing off"); without one it is ready at once.
+  :func:`~.leases.retry_delay` before it is ready again ("backing off"); without one it is ready at once.
 - With a dead-letter policy, ``delivery_attempt`` is counted. When a message that has been delivered
   ``max_delivery_attempts`` times is nacked or its deadline passes, it is handed to the dead-letter hook
   (the core forwards it in the background) and is neither ready nor leased until that finishes. Every
@@ -28,24 +29,29 @@ backlog from the store only through the page source it is given.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-import os
+import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from google.pubsub_v1.types import pubsub as pubsub_types
 
-from hedgepub._clock import Clock, TimerHandle
+from hedgepub._clock import TimerHandle
 from hedgepub.server._pubsub.filters import compile_filter
-from hedgepub.server._pubsub.limits import seconds
+from hedgepub.server._pubsub.leases import (
+    AttemptsSource,
+    Consumer,
+    Lease,
+    Leasing,
+    PageSource,
+    Pending,
+    retry_delay,
+)
+from hedgepub.server._pubsub.transforms import TransformFailed, pipeline_for
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
 
-#: Largest batch handed out at once (one Pull response or one StreamingPull response).
-MAX_MESSAGES_PER_RESPONSE = 1000
 #: Largest Pull or StreamingPull response, in bytes: the official clients refuse responses over 4 MiB on
 #: the plain channel they open for ``PUBSUB_EMULATOR_HOST``. Each message is counted with its ack ID and
 #: an upper bound of its framing (``_FRAMING_BYTES``); the 64 KiB left over cover the response's other
@@ -56,189 +62,11 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _FRAMING_BYTES = 16
 #: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
 DEFAULT_WINDOW = 500
+#: Seconds before a message a subscription's transforms failed on is tried again, when the subscription
+#: has no retry policy of its own.
+FAILED_TRANSFORM_RETRY_SECONDS = 1.0
 
-
-class Consumer:
-    """Who receives a delivery: a Pull call or a StreamingPull stream, with its flow-control window."""
-
-    __slots__ = (
-        "ack_deadline",
-        "closed",
-        "confirmations",
-        "max_bytes",
-        "max_messages",
-        "outstanding_bytes",
-        "outstanding_messages",
-    )
-
-    def __init__(self, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0) -> None:
-        self.ack_deadline = ack_deadline
-        self.max_messages = max_messages  # 0: no limit
-        self.max_bytes = max_bytes  # 0: no limit
-        self.outstanding_messages = 0
-        self.outstanding_bytes = 0
-        self.closed = False
-        #: What a stream owes its client besides messages (exactly-once confirmations of its acks and
-        #: modacks, kept by the service layer); ``None`` when nothing.
-        self.confirmations: Any = None
-
-    def room(self) -> int:
-        """How many more messages this consumer may hold now (a large number when unlimited)."""
-        if self.max_bytes and self.outstanding_bytes >= self.max_bytes:
-            return 0
-        if self.max_messages:
-            return max(0, self.max_messages - self.outstanding_messages)
-        return MAX_MESSAGES_PER_RESPONSE
-
-
-class Pending:
-    """One message waiting on one subscription."""
-
-    __slots__ = ("attempts", "message", "sequence", "size")
-
-    def __init__(self, sequence: int, message: Any) -> None:
-        self.sequence = sequence
-        self.message = message
-        self.attempts = 0
-        self.size = message.ByteSize()
-
-
-class Lease:
-    """A delivered, unacknowledged message: who holds it and until when."""
-
-    __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
-
-    def __init__(
-        self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: SubscriptionState
-    ) -> None:
-        self.ack_id = ack_id
-        self.state = state
-        self.pending = pending
-        self.consumer = consumer
-        self.deadline = deadline
-        self.active = True
-        self.entry = -1  # serial of its current entry in the deadline heap; older entries are stale
-
-
-#: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
-#: (600 s over a minimum of 1 ns needs 2**40), and the float stays finite.
-_MAX_BACKOFF_DOUBLINGS = 64
-
-
-def retry_delay(policy: Any | None, attempts: int) -> float:
-    """Seconds a message waits before it is delivered again, after its ``attempts``-th delivery ended
-    unacknowledged: ``min(maximum_backoff, minimum_backoff * 2**(attempts - 1))``; 0 without a policy.
-
-    Exponential from the minimum, doubling per delivery and capped at the maximum: the first retry waits
-    the minimum, as the real service's documentation of the policy says, and a message that keeps
-    failing settles at the maximum.
-    """
-    if policy is None:
-        return 0.0
-    minimum = seconds(policy.minimum_backoff)
-    maximum = seconds(policy.maximum_backoff)
-    doublings = min(max(attempts - 1, 0), _MAX_BACKOFF_DOUBLINGS)
-    return min(maximum, minimum * 2.0**doublings)
-
-
-#: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
-DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
-#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
-DiscardHook = Callable[["SubscriptionState", list[int]], None]
-#: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
-PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
-#: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
-#: deadline), with the message's count of deliveries so far.
-AttemptsHook = Callable[["SubscriptionState", Pending], None]
-#: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
-AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
-
-
-class Leasing:
-    """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
-
-    def __init__(
-        self,
-        clock: Clock,
-        dead_letter: DeadLetterHook,
-        discard: DiscardHook,
-        attempted: AttemptsHook | None = None,
-    ) -> None:
-        self.clock = clock
-        self.dead_letter = dead_letter
-        self.discard = discard
-        self.attempted = attempted
-        # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
-        self._ack_prefix = os.urandom(4).hex()
-        self._ack_counter = itertools.count(1)
-        self._deadlines: list[tuple[float, int, Lease]] = []
-        self._heap_counter = itertools.count()
-        self._timer: TimerHandle | None = None
-        self._timer_at = float("inf")
-        #: Leases not yet ended, across subscriptions; the heap is compacted when most entries are stale.
-        self.live = 0
-
-    def new_ack_id(self) -> str:
-        """A fresh ack ID, unique in this process and unlike any of an earlier process."""
-        return f"{self._ack_prefix}-{next(self._ack_counter)}"
-
-    def watch(self, lease: Lease) -> None:
-        """Expire ``lease`` at its current deadline unless it ends or changes before."""
-        heap = self._deadlines
-        lease.entry = serial = next(self._heap_counter)
-        heapq.heappush(heap, (lease.deadline, serial, lease))
-        # An acknowledged lease, or a deadline a ModifyAckDeadline replaced, leaves a stale entry until its
-        # old deadline passes; a modack loop would grow the heap without bound. Rebuilding it once stale
-        # entries outnumber live leases keeps it within twice the live leases, at O(1) amortized cost.
-        if len(heap) > 2 * self.live + 1024:
-            self._deadlines = [entry for entry in heap if entry[2].active and entry[2].entry == entry[1]]
-            heapq.heapify(self._deadlines)
-
-    def heap_size(self) -> int:
-        """Entries in the lease-deadline heap, stale ones included (for tests of its compaction)."""
-        return len(self._deadlines)
-
-    def schedule(self, deadline: float) -> None:
-        """Make sure the timer runs no later than ``deadline``."""
-        if deadline >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        # A hair late, so that every lease due at ``deadline`` has passed when the timer runs.
-        self._timer = self.clock.call_later(deadline - self.clock.now() + 0.001, self._expire)
-
-    def _expire(self) -> None:
-        """Timer: put every lease whose deadline has passed back up for delivery."""
-        self._timer = None
-        self._timer_at = float("inf")
-        now = self.clock.now()
-        heap = self._deadlines
-        touched: set[SubscriptionState] = set()
-        while heap and heap[0][0] <= now:
-            _, serial, lease = heapq.heappop(heap)
-            if not lease.active or lease.entry != serial:
-                continue
-            lease.state.nack(lease)
-            touched.add(lease.state)
-        for state in touched:
-            state.notify()
-        # Drop stale heap entries at the top so the next timer is not set for nothing.
-        while heap and (not heap[0][2].active or heap[0][2].entry != heap[0][1]):
-            heapq.heappop(heap)
-        if heap:
-            self.schedule(heap[0][0])
-
-    def clear(self) -> None:
-        """Forget every deadline (everything was deleted)."""
-        self._deadlines.clear()
-        self.live = 0
-
-    def close(self) -> None:
-        """Stop the timer."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+logger = logging.getLogger("hedgepub.server")
 
 
 class SubscriptionState:
@@ -436,8 +264,11 @@ class SubscriptionState:
     def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
         """Lease up to ``max_messages`` ready messages to ``consumer``, within one response's size.
 
-        Returns the ``ReceivedMessage`` list and the sequences found past retention (published before
-        ``oldest_kept``, in seconds since the epoch), which the caller acknowledges in the store.
+        Returns the ``ReceivedMessage`` list and the sequences to acknowledge in the store without
+        delivering them: those past retention (published before ``oldest_kept``, in seconds since the
+        epoch) and those the subscription's message transforms filtered out. A message a transform fails
+        on is not delivered: it counts as a delivery attempt that ended unacknowledged (see
+        :meth:`_transform_failed`).
         """
         ready = self.ready
         while not ready:
@@ -445,6 +276,7 @@ class SubscriptionState:
                 return [], []
         leasing = self._leasing
         counted = self.config.HasField("dead_letter_policy")
+        pipeline = pipeline_for(self.config.message_transforms) if self.config.message_transforms else None
         deadline = leasing.clock.now() + consumer.ack_deadline
         out: list[Any] = []
         expired: list[int] = []
@@ -462,8 +294,23 @@ class SubscriptionState:
                 expired.append(pending.sequence)
                 self.finished(pending)
                 continue
+            message = pending.message
+            size = pending.size
+            if pipeline is not None:
+                try:
+                    message = pipeline.apply(message)
+                except TransformFailed as failure:
+                    ready.popleft()
+                    self._transform_failed(pending, failure)
+                    continue
+                if message is None:  # filtered out: acknowledged, as a subscription's filter does
+                    ready.popleft()
+                    expired.append(pending.sequence)
+                    self.finished(pending)
+                    continue
+                size = message.ByteSize()
             ack_id = leasing.new_ack_id()
-            size = pending.size + len(ack_id) + _FRAMING_BYTES
+            size += len(ack_id) + _FRAMING_BYTES
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break
             ready.popleft()
@@ -478,7 +325,7 @@ class SubscriptionState:
             out.append(
                 ReceivedMessage(
                     ack_id=ack_id,
-                    message=pending.message,
+                    message=message,
                     delivery_attempt=pending.attempts if counted else 0,
                 )
             )
@@ -547,6 +394,29 @@ class SubscriptionState:
             self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
         else:
             self.ready.appendleft(pending)
+
+    def _transform_failed(self, pending: Pending, failure: TransformFailed) -> None:
+        """A message the subscription's transforms fail on: one more delivery attempt, ended
+        unacknowledged. It goes to the dead-letter topic once the policy's attempts are spent; otherwise
+        it waits out the retry policy's back-off (:data:`FAILED_TRANSFORM_RETRY_SECONDS` without one, so
+        that a UDF that always fails does not spin) and is tried again."""
+        pending.attempts += 1
+        logger.warning(
+            "Message %s of %s not delivered (attempt %d): %s",
+            pending.message.message_id,
+            self.name,
+            pending.attempts,
+            failure,
+        )
+        policy = self.dead_letter_policy
+        if policy is not None and self._leasing.attempted is not None:
+            self._leasing.attempted(self, pending)
+        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
+            self.forwarding.add(pending)
+            self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+            return
+        delay = retry_delay(self.retry_policy, pending.attempts) or FAILED_TRANSFORM_RETRY_SECONDS
+        self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
 
     def _retry(self, pending: Pending) -> None:
         """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""

@@ -32,8 +32,7 @@ MAX_ACK_DEADLINE_SECONDS = 600
 #: Message retention of a subscription (default) and of topics and subscriptions (range), in seconds.
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600
 MIN_RETENTION_SECONDS = 10 * 60
-MAX_SUBSCRIPTION_RETENTION_SECONDS = 31 * 24 * 3600
-MAX_TOPIC_RETENTION_SECONDS = 31 * 24 * 3600
+MAX_RETENTION_SECONDS = 31 * 24 * 3600
 #: Retry policy: defaults and range of minimum_backoff and maximum_backoff, in seconds.
 DEFAULT_MINIMUM_BACKOFF_SECONDS = 10
 DEFAULT_MAXIMUM_BACKOFF_SECONDS = 600
@@ -190,7 +189,7 @@ def check_retention(resource: Any) -> None:
     if not resource.HasField("message_retention_duration"):
         return
     given = seconds(resource.message_retention_duration)
-    if not MIN_RETENTION_SECONDS <= given <= MAX_TOPIC_RETENTION_SECONDS:
+    if not MIN_RETENTION_SECONDS <= given <= MAX_RETENTION_SECONDS:
         raise invalid(
             f"Invalid message_retention_duration given: {_duration_words(given)}. It must be between "
             "10 minutes and 31 days."

@@ -45,7 +45,8 @@ import aiohttp
 from google.protobuf import json_format
 
 from hedgepub._clock import Clock
-from hedgepub.server._pubsub.delivery import Consumer, SubscriptionState
+from hedgepub.server._pubsub.delivery import SubscriptionState
+from hedgepub.server._pubsub.leases import Consumer
 from hedgepub.server._pubsub.limits import ServiceError
 from hedgepub.server._pubsub.oidc import PushTokenSigner
 

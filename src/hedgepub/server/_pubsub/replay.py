@@ -1,7 +1,7 @@
 """Replay: retention, snapshots and Seek, as references and timestamps on the store (never copies).
 
-Every message is stored once; what keeps it alive is a reference from a *holder* (see :mod:`._store`).
-Besides subscriptions, replay uses three kinds of holder:
+Every message is stored once; what keeps it alive is a reference from a *holder* (see
+:mod:`hedgepub.server._store.memory`). Besides subscriptions, replay uses three kinds of holder:
 
 - ``{subscription}#acked``: with ``retain_acked_messages``, the messages the subscription acknowledged,
   kept for its ``message_retention_duration`` so that a Seek can make them unacknowledged again;

@@ -10,16 +10,14 @@ killed, not a power cut; ``synchronous="FULL"`` survives both, at the cost of an
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
-import queue
 import sqlite3
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
 from hedgepub.server._store.memory import HOLDING_KINDS, PubsubMessage, ResourceKind, Snapshot, resource_class
 
 _SCHEMA = """
@@ -70,20 +68,8 @@ _REFERENCE = (
     "SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM messages WHERE sequence = ?2)",
 )
 _TABLES = ("topics", "subscriptions", "policies", "schemas", "snapshots")
-#: Most operations folded into one transaction, so one commit never grows without bound.
-_MAX_GROUP = 512
 #: The reference that keeps a message published to a topic without subscriptions (``keep_unsubscribed``).
 _KEEP = 0
-#: Free pages are given back to the file system (incremental vacuum) once they are this share of the file
-#: and at least ``_VACUUM_MIN_PAGES``; below that SQLite reuses them for new rows, which is cheaper.
-_VACUUM_SHARE = 0.25
-_VACUUM_MIN_PAGES = 2048
-#: At most this many pages (8 MiB) go back per step, so that one step holds up the writer only briefly.
-_VACUUM_STEP_PAGES = 2048
-#: Commits between two looks at the free pages.
-_VACUUM_CHECK_EVERY = 16
-
-_Operation = Callable[[sqlite3.Connection], None]
 
 
 class SqliteStore:
@@ -110,23 +96,18 @@ class SqliteStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.keep_unsubscribed = keep_unsubscribed
         self._synchronous = synchronous.upper()
-        self._queue: queue.SimpleQueue[
-            tuple[_Operation, asyncio.Future[None], asyncio.AbstractEventLoop] | None
-        ]
-        self._queue = queue.SimpleQueue()
         self._reader = self._connect()
         self._migrate(self._reader)
         #: subscription name -> its id in ``refs`` (owned by the event loop thread).
         self._ids: dict[str, int] = dict(self._reader.execute("SELECT name, id FROM subscription_ids"))
         (last_id,) = self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM subscription_ids").fetchone()
         self._next_id = last_id + 1
-        self._writer_thread: threading.Thread | None = None
-        self._closed = False
+        #: Every write goes through its thread, folded into group commits.
+        self._writer = GroupCommitWriter(self._connect)
         # Messages parsed for recent pages, shared by every subscription that reads them: with many
         # subscriptions on one topic, one parsed copy serves all of them instead of one copy each.
         self._parsed: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._cache_messages = cache_messages
-        self.commits = 0  # transactions committed, for tests and benchmarks of group commit
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -263,96 +244,6 @@ class SqliteStore:
         return total
 
     # ------------------------------------------------------------ writes
-    async def _write(self, operation: _Operation) -> None:
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        if self._writer_thread is None:
-            self._writer_thread = threading.Thread(
-                target=self._write_loop, name="hedgepub-sqlite", daemon=True
-            )
-            self._writer_thread.start()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._queue.put((operation, future, loop))
-        # Shielded: a cancelled caller must not make us forget whether its write committed.
-        await asyncio.shield(future)
-
-    def _write_loop(self) -> None:
-        connection = self._connect()
-        # Whether free pages may be worth giving back: looked at after every _VACUUM_CHECK_EVERY commits,
-        # and whenever the queue has been empty for a quarter second (so an idle server shrinks its file).
-        vacuum_due = False
-        commits = 0
-        try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=0.25) if vacuum_due else self._queue.get()
-                except queue.Empty:
-                    vacuum_due = self._vacuum_step(connection)
-                    continue
-                if item is None:
-                    return
-                group = [item]
-                stop = False
-                while len(group) < _MAX_GROUP:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        stop = True
-                        break
-                    group.append(more)
-                self._commit(connection, group)
-                if stop:
-                    return
-                commits += 1
-                if commits % _VACUUM_CHECK_EVERY == 0:
-                    vacuum_due = self._vacuum_step(connection)
-        finally:
-            connection.close()
-
-    def _vacuum_step(self, connection: sqlite3.Connection) -> bool:
-        """Give up to ``_VACUUM_STEP_PAGES`` free pages back to the file system if they are a large share
-        of the file; whether more remain to give back.
-
-        Below that share SQLite reuses free pages for new rows, which is cheaper than growing the file
-        again. On a file created before ``auto_vacuum`` was set this does nothing (its free pages are
-        only reused).
-        """
-        try:
-            (free,) = connection.execute("PRAGMA freelist_count").fetchone()
-            (pages,) = connection.execute("PRAGMA page_count").fetchone()
-            if free < _VACUUM_MIN_PAGES or free < pages * _VACUUM_SHARE:
-                return False
-            # Down to a tenth of the file, keeping some free pages for the next rows. executescript, not
-            # execute: the sqlite3 module steps a statement without result columns only once, and
-            # incremental_vacuum frees one page per step.
-            step = min(_VACUUM_STEP_PAGES, free - pages // 10)
-            connection.executescript(f"PRAGMA incremental_vacuum({step});")
-            return free - step >= pages * _VACUUM_SHARE
-        except sqlite3.Error:
-            return False  # best effort: a busy or full disk must not stop the writer
-
-    def _commit(self, connection: sqlite3.Connection, group: list[Any]) -> None:
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-            for operation, _, _ in group:
-                operation(connection)
-            connection.execute("COMMIT")
-            self.commits += 1
-        except Exception as error:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            if len(group) == 1:
-                _resolve(group[0], error=error)
-                return
-            # One bad operation must not fail the others: retry each in a transaction of its own.
-            for item in group:
-                self._commit(connection, [item])
-            return
-        for item in group:
-            _resolve(item)
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
         """Create or replace a resource (a new subscription gets the id its references carry)."""
@@ -608,15 +499,17 @@ class SqliteStore:
 
         await self._write(operation)
 
+    @property
+    def commits(self) -> int:
+        """Transactions committed (for tests and benchmarks of group commit)."""
+        return self._writer.commits
+
+    async def _write(self, operation: Operation) -> None:
+        await self._writer.write(operation)
+
     async def close(self) -> None:
         """Let every queued write commit, then stop the writer thread and close the files."""
-        if self._closed:
-            return
-        self._closed = True
-        thread = self._writer_thread
-        if thread is not None:
-            self._queue.put(None)
-            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        await self._writer.close()
         self._reader.close()
 
     def __repr__(self) -> str:

@@ -1,0 +1,210 @@
+"""Leases: the consumers that take messages, the leases they hold, and the one timer of every lease's
+deadline (:class:`Leasing`), shared by all subscriptions.
+
+Delivering a message leases it under a fresh ack ID until a deadline. Deadlines are kept in one heap for
+all subscriptions and expired by a timer on the injected clock, so a lease runs out even when nobody
+pulls; what happens then is the subscription's business (:mod:`.delivery`). With a retry policy, a
+message whose lease ended unacknowledged waits :func:`retry_delay` before it is ready again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hedgepub._clock import Clock, TimerHandle
+from hedgepub.server._pubsub.limits import seconds
+
+if TYPE_CHECKING:
+    from hedgepub.server._pubsub.delivery import SubscriptionState
+
+__all__ = ["MAX_MESSAGES_PER_RESPONSE", "Consumer", "Lease", "Leasing", "Pending", "retry_delay"]
+
+#: Largest batch handed out at once (one Pull response or one StreamingPull response).
+MAX_MESSAGES_PER_RESPONSE = 1000
+
+
+class Consumer:
+    """Who receives a delivery: a Pull call or a StreamingPull stream, with its flow-control window."""
+
+    __slots__ = (
+        "ack_deadline",
+        "closed",
+        "confirmations",
+        "max_bytes",
+        "max_messages",
+        "outstanding_bytes",
+        "outstanding_messages",
+    )
+
+    def __init__(self, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0) -> None:
+        self.ack_deadline = ack_deadline
+        self.max_messages = max_messages  # 0: no limit
+        self.max_bytes = max_bytes  # 0: no limit
+        self.outstanding_messages = 0
+        self.outstanding_bytes = 0
+        self.closed = False
+        #: What a stream owes its client besides messages (exactly-once confirmations of its acks and
+        #: modacks, kept by the service layer); ``None`` when nothing.
+        self.confirmations: Any = None
+
+    def room(self) -> int:
+        """How many more messages this consumer may hold now (a large number when unlimited)."""
+        if self.max_bytes and self.outstanding_bytes >= self.max_bytes:
+            return 0
+        if self.max_messages:
+            return max(0, self.max_messages - self.outstanding_messages)
+        return MAX_MESSAGES_PER_RESPONSE
+
+
+class Pending:
+    """One message waiting on one subscription."""
+
+    __slots__ = ("attempts", "message", "sequence", "size")
+
+    def __init__(self, sequence: int, message: Any) -> None:
+        self.sequence = sequence
+        self.message = message
+        self.attempts = 0
+        self.size = message.ByteSize()
+
+
+class Lease:
+    """A delivered, unacknowledged message: who holds it and until when."""
+
+    __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
+
+    def __init__(
+        self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: SubscriptionState
+    ) -> None:
+        self.ack_id = ack_id
+        self.state = state
+        self.pending = pending
+        self.consumer = consumer
+        self.deadline = deadline
+        self.active = True
+        self.entry = -1  # serial of its current entry in the deadline heap; older entries are stale
+
+
+#: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
+#: (600 s over a minimum of 1 ns needs 2**40), and the float stays finite.
+_MAX_BACKOFF_DOUBLINGS = 64
+
+
+def retry_delay(policy: Any | None, attempts: int) -> float:
+    """Seconds a message waits before it is delivered again, after its ``attempts``-th delivery ended
+    unacknowledged: ``min(maximum_backoff, minimum_backoff * 2**(attempts - 1))``; 0 without a policy.
+
+    Exponential from the minimum, doubling per delivery and capped at the maximum: the first retry waits
+    the minimum, as the real service's documentation of the policy says, and a message that keeps
+    failing settles at the maximum.
+    """
+    if policy is None:
+        return 0.0
+    minimum = seconds(policy.minimum_backoff)
+    maximum = seconds(policy.maximum_backoff)
+    doublings = min(max(attempts - 1, 0), _MAX_BACKOFF_DOUBLINGS)
+    return min(maximum, minimum * 2.0**doublings)
+
+
+#: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
+DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
+#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
+DiscardHook = Callable[["SubscriptionState", list[int]], None]
+#: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
+PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
+#: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
+#: deadline), with the message's count of deliveries so far.
+AttemptsHook = Callable[["SubscriptionState", Pending], None]
+#: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
+AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
+
+
+class Leasing:
+    """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        dead_letter: DeadLetterHook,
+        discard: DiscardHook,
+        attempted: AttemptsHook | None = None,
+    ) -> None:
+        self.clock = clock
+        self.dead_letter = dead_letter
+        self.discard = discard
+        self.attempted = attempted
+        # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
+        self._ack_prefix = os.urandom(4).hex()
+        self._ack_counter = itertools.count(1)
+        self._deadlines: list[tuple[float, int, Lease]] = []
+        self._heap_counter = itertools.count()
+        self._timer: TimerHandle | None = None
+        self._timer_at = float("inf")
+        #: Leases not yet ended, across subscriptions; the heap is compacted when most entries are stale.
+        self.live = 0
+
+    def new_ack_id(self) -> str:
+        """A fresh ack ID, unique in this process and unlike any of an earlier process."""
+        return f"{self._ack_prefix}-{next(self._ack_counter)}"
+
+    def watch(self, lease: Lease) -> None:
+        """Expire ``lease`` at its current deadline unless it ends or changes before."""
+        heap = self._deadlines
+        lease.entry = serial = next(self._heap_counter)
+        heapq.heappush(heap, (lease.deadline, serial, lease))
+        # An acknowledged lease, or a deadline a ModifyAckDeadline replaced, leaves a stale entry until its
+        # old deadline passes; a modack loop would grow the heap without bound. Rebuilding it once stale
+        # entries outnumber live leases keeps it within twice the live leases, at O(1) amortized cost.
+        if len(heap) > 2 * self.live + 1024:
+            self._deadlines = [entry for entry in heap if entry[2].active and entry[2].entry == entry[1]]
+            heapq.heapify(self._deadlines)
+
+    def heap_size(self) -> int:
+        """Entries in the lease-deadline heap, stale ones included (for tests of its compaction)."""
+        return len(self._deadlines)
+
+    def schedule(self, deadline: float) -> None:
+        """Make sure the timer runs no later than ``deadline``."""
+        if deadline >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        # A hair late, so that every lease due at ``deadline`` has passed when the timer runs.
+        self._timer = self.clock.call_later(deadline - self.clock.now() + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        """Timer: put every lease whose deadline has passed back up for delivery."""
+        self._timer = None
+        self._timer_at = float("inf")
+        now = self.clock.now()
+        heap = self._deadlines
+        touched: set[SubscriptionState] = set()
+        while heap and heap[0][0] <= now:
+            _, serial, lease = heapq.heappop(heap)
+            if not lease.active or lease.entry != serial:
+                continue
+            lease.state.nack(lease)
+            touched.add(lease.state)
+        for state in touched:
+            state.notify()
+        # Drop stale heap entries at the top so the next timer is not set for nothing.
+        while heap and (not heap[0][2].active or heap[0][2].entry != heap[0][1]):
+            heapq.heappop(heap)
+        if heap:
+            self.schedule(heap[0][0])
+
+    def clear(self) -> None:
+        """Forget every deadline (everything was deleted)."""
+        self._deadlines.clear()
+        self.live = 0
+
+    def close(self) -> None:
+        """Stop the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

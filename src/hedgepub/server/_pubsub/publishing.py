@@ -1,0 +1,123 @@
+"""Publishing: check a Publish request, apply its topic's message transforms, stamp it against the
+topic's schema, number its messages, make them durable and fan them out to the topic's subscriptions.
+
+The transforms run first, so that the schema validates what is stored (a decompressing transform then
+lets compressed data be published to a topic with a schema).
+
+A published message is appended to every subscription attached to its topic ("fan-out") only after the
+store has made it durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hedgepub.server._pubsub import limits as limits
+from hedgepub.server._pubsub import resources as resources
+from hedgepub.server._pubsub.delivery import SubscriptionState
+from hedgepub.server._pubsub.replay import Replay
+from hedgepub.server._pubsub.schemas import SchemaRegistry
+from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, pipeline_for
+from hedgepub.server._store.memory import Store
+
+__all__ = ["Publishing"]
+
+
+def _transformed(pipeline: Pipeline, messages: Any) -> tuple[list[Any], list[int]]:
+    """A topic's transforms on each message of a Publish request: the messages to store and the positions
+    of those filtered out. A failure fails the whole request (INVALID_ARGUMENT, naming the message and the
+    transform), as nothing of it is stored."""
+    kept: list[Any] = []
+    filtered: list[int] = []
+    for index, message in enumerate(messages):
+        try:
+            transformed = pipeline.apply(message)
+        except TransformFailed as failure:
+            raise limits.invalid(
+                f"The topic's message transforms failed on message {index} of the request: {failure}"
+            ) from None
+        if transformed is None:
+            filtered.append(index)
+        else:
+            kept.append(transformed)
+    return kept, filtered
+
+
+class Publishing:
+    """Publish and the appending of accepted messages, on the core's ``topics`` and ``attached`` tables
+    (topic -> its attached subscriptions' delivery states), both read here and changed by the core."""
+
+    def __init__(
+        self,
+        store: Store,
+        wall_clock_ns: Callable[[], int],
+        topics: Mapping[str, Any],
+        attached: Mapping[str, Mapping[str, SubscriptionState]],
+        *,
+        schemas: SchemaRegistry,
+        replay: Replay,
+    ) -> None:
+        self._store = store
+        self._wall_clock_ns = wall_clock_ns
+        self._topics = topics
+        self._attached = attached
+        self._schemas = schemas
+        self._replay = replay
+        #: The sequence number (and message ID) of the next message stored, on any topic.
+        self.next_sequence = 1
+
+    async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
+        """Publish: validate, number, make durable, fan out; return the message IDs."""
+        if topic_name not in self._topics:
+            # Raises INVALID_ARGUMENT or NOT_FOUND.
+            resources.existing(self._topics, limits.check_topic_name(topic_name))
+        resources.check_publish(messages, request_bytes)
+        topic = self._topics[topic_name]
+        kept: Any = messages
+        filtered: list[int] = []
+        if topic.message_transforms:
+            pipeline = pipeline_for(topic.message_transforms)
+            if pipeline is not None:
+                kept, filtered = _transformed(pipeline, messages)
+        if topic.HasField("schema_settings") and kept:
+            await self._schemas.stamp_messages(topic_name, topic.schema_settings, kept)
+        if not filtered:
+            return await self.append(topic_name, kept)
+        # A filtered message gets an ID (the publisher learns nothing of the filter) and is not stored;
+        # its IDs come first, so that a stored message's ID is above them.
+        filtered_ids = [str(self.next_sequence + offset) for offset in range(len(filtered))]
+        self.next_sequence += len(filtered)
+        kept_ids = iter(await self.append(topic_name, kept) if kept else [])
+        from_filtered = iter(filtered_ids)
+        dropped = set(filtered)
+        return [next(from_filtered) if index in dropped else next(kept_ids) for index in range(len(messages))]
+
+    async def append(self, topic_name: str, messages: Any) -> list[str]:
+        """Number, make durable and fan out messages already accepted (no request limits apply)."""
+        count = len(messages)
+        now_ns = self._wall_clock_ns()
+        seconds, nanos = divmod(now_ns, 1_000_000_000)
+        sequence = self.next_sequence
+        self.next_sequence = sequence + count
+        records = []
+        ids = []
+        for message in messages:
+            message_id = str(sequence)
+            message.message_id = message_id
+            stamp = message.publish_time
+            stamp.seconds = seconds
+            stamp.nanos = nanos
+            records.append((sequence, message))
+            ids.append(message_id)
+            sequence += 1
+        attached = self._attached.get(topic_name)
+        targets = list(attached.values()) if attached else []
+        holders = [state.name for state in targets] + self._replay.holders_for(topic_name)
+        await self._store.append(topic_name, records, holders)
+        for state in targets:
+            if not state.deleted:
+                refused = state.add(records)
+                if refused:
+                    await self._store.ack(state.name, refused)
+        return ids
