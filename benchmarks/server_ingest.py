@@ -12,9 +12,9 @@ Targets:
   ``sqlite-grpc``, ``memory-grpc``: the same with ``--no-rest`` (gRPC alone on the port);
 * ``emulator-cold``: Google's emulator, a fresh JVM each round: what its first 100,000 messages see;
 * ``emulator-warm``: one emulator for the whole run, warmed first (``--warm-messages`` messages, 100,000 by
-  default, and more until its rate is stable: the last three chunks of 20,000 within 10% of their median),
-  then measured each round on a new topic and subscription (deleted after the round, so that it does not
-  keep the messages);
+  default, and more until it is stable: its CPU time per message over the last three chunks of 20,000
+  within 10% of their median, at most ten times as many messages), then measured each round on a new
+  topic and subscription (deleted after the round, so that it does not keep the messages);
 * ``baseline``: an older hedgepub on SQLite (``--baseline-src``).
 
 Each run prints messages/s and the server's CPU time per message (user + system of its process and its
@@ -377,33 +377,45 @@ async def delete_topic_and_subscription(address: str, topic: str, subscription: 
         )
 
 
-def warm_up(server: ServerProcess, args: argparse.Namespace) -> tuple[int, list[float], bool]:
+def warm_up(server: ServerProcess, args: argparse.Namespace) -> tuple[int, list[float], bool, str]:
     """Publish to ``server`` in chunks of :data:`WARM_CHUNK` until at least ``args.warm_messages`` went and
-    the last :data:`WARM_STABLE_CHUNKS` chunks' rates lie within :data:`WARM_STABLE` of their median (at
-    most ten times ``args.warm_messages``). Returns the messages sent, each chunk's messages/s, and whether
-    the rate settled (False: it stopped at the cap)."""
+    the last :data:`WARM_STABLE_CHUNKS` chunks lie within :data:`WARM_STABLE` of their median (at most ten
+    times ``args.warm_messages``).
+
+    What must settle is the server's CPU time per message (its JIT's work shows there, and a busy machine
+    disturbs it far less than the wall clock), or messages/s where /proc cannot be read. Returns the
+    messages sent, each chunk's figure, whether it settled (False: it stopped at the cap), and the unit.
+    """
     topic, subscription = TOPIC + "-warm-up", SUBSCRIPTION + "-warm-up"
     asyncio.run(create_topic_and_subscriptions(server.address, topic, [subscription]))
     request = build_request(topic, args.batch, args.size)
-    sent, rates = 0, []
+    sent, figures, unit = 0, [], "us CPU/msg"
     while True:
+        before = server.cpu_seconds()
         run = asyncio.run(
             publish_requests(server.address, WARM_CHUNK // args.batch, args.publishers, request)
         )
+        after = server.cpu_seconds()
         sent += run.messages
-        rates.append(run.messages_per_second)
+        if before is None or after is None:
+            unit = "msg/s"
+            figures.append(run.messages_per_second)
+        else:
+            figures.append((after - before) / run.messages * 1e6)
         print(
-            f"  warming the emulator: {sent:,} messages, last chunk {rates[-1]:,.0f} msg/s", file=sys.stderr
+            f"  warming the emulator: {sent:,} messages, last chunk {run.messages_per_second:,.0f} msg/s, "
+            f"{figures[-1]:,.1f} {unit}",
+            file=sys.stderr,
         )
-        last = rates[-WARM_STABLE_CHUNKS:]
+        last = figures[-WARM_STABLE_CHUNKS:]
         middle = statistics.median(last)
         stable = len(last) == WARM_STABLE_CHUNKS and all(
-            abs(rate - middle) <= WARM_STABLE * middle for rate in last
+            abs(figure - middle) <= WARM_STABLE * middle for figure in last
         )
         if (sent >= args.warm_messages and stable) or sent >= 10 * args.warm_messages:
             break
     asyncio.run(delete_topic_and_subscription(server.address, topic, subscription))
-    return sent, rates, stable
+    return sent, figures, stable, unit
 
 
 def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, round_number: int) -> Run:
@@ -468,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     if "emulator-warm" in targets:
         warm = ServerProcess("emulator")
         warm.start()
-        sent, rates, stable = warm_up(warm, args)
+        sent, figures, stable, unit = warm_up(warm, args)
         settled = (
             f"the last {WARM_STABLE_CHUNKS} within {WARM_STABLE:.0%} of their median"
             if stable
@@ -476,8 +488,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         warm_note = (
             f"emulator-warm: warmed with {sent:,} messages in chunks of {WARM_CHUNK:,} (first chunk "
-            f"{rates[0]:,.0f} msg/s; {settled}: "
-            f"{', '.join(f'{rate:,.0f}' for rate in rates[-WARM_STABLE_CHUNKS:])} msg/s)"
+            f"{figures[0]:,.1f} {unit}; {settled}: "
+            f"{', '.join(f'{figure:,.1f}' for figure in figures[-WARM_STABLE_CHUNKS:])} {unit})"
         )
     runs: list[Run] = []
     try:
