@@ -41,6 +41,7 @@ from google.protobuf import descriptor, empty_pb2, json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
+from hedgepub.server._api import transforms_rest
 from hedgepub.server._front.front import REST_CLIENT_METADATA, peer_name
 from hedgepub.server._pubsub.limits import ServiceError
 from hedgepub.server._pubsub.nesting import load_json
@@ -428,6 +429,10 @@ class RouteTable:
         for route in all_routes:
             self._by_method.setdefault(route.http_method, []).append(route)
 
+    def routes(self) -> list[Route]:
+        """Every route of the table."""
+        return [route for routes in self._by_method.values() for route in routes]
+
     def match(self, http_method: str, raw_path: str) -> tuple[Route, tuple[str, ...]]:
         """The route serving ``http_method raw_path`` and its path variables; NOT_FOUND when none does."""
         for route in self._by_method.get(http_method, ()):
@@ -477,6 +482,9 @@ class RestGateway:
 
         ``client`` (the HTTP client's address) goes along as metadata, for the request log.
         """
+        transform_call = transforms_rest.match(http_method, raw_path)
+        if transform_call is not None:
+            return await self._transform_call(transform_call[1], body, headers, client)
         try:
             route, path_values = self._table.match(http_method, raw_path)
             request = build_request(route, path_values, query, body)
@@ -501,6 +509,32 @@ class RestGateway:
             details = status_details(error.trailing_metadata())
             return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
         return 200, to_json(response)
+
+    async def _transform_call(
+        self, method: str, body: bytes, headers: Mapping[str, str], client: str | None
+    ) -> tuple[int, bytes]:
+        """``validateMessageTransform`` and ``testMessageTransforms`` (see :mod:`.transforms_rest`); a topic
+        or subscription whose transforms are tested is read through the gRPC face."""
+        metadata: list[tuple[str, str]] = []
+        if headers.get("authorization"):
+            metadata.append(("authorization", headers["authorization"]))
+        if client:
+            metadata.append((REST_CLIENT_METADATA, client))
+
+        async def fetch(kind: str, name: str) -> Any:
+            method_name = "GetTopic" if kind == "topic" else "GetSubscription"
+            route = next(route for route in self._table.routes() if route.name == method_name)
+            request = route.request_class(**{kind: name})
+            return await self._callable(route)(request, metadata=tuple(metadata))
+
+        try:
+            code, payload = await transforms_rest.answer(method, body, fetch)
+        except grpc.aio.AioRpcError as error:
+            details = status_details(error.trailing_metadata())
+            return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
+        if code != grpc.StatusCode.OK:
+            return http_status(code), _error_json(code, str(payload))
+        return 200, json.dumps(payload, indent=2).encode()
 
 
 def _server_timeout(header: str | None) -> float | None:
