@@ -53,7 +53,13 @@ from google.pubsub_v1.types import pubsub as _pubsub_types
 
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
-from hedgepub._wire import ATTEMPT_KEY, BATCH_ID_KEY, EMULATOR_HOST_ENV, REQUEST_PARAMS_KEY
+from hedgepub._wire import (
+    BATCH_ID_KEY,
+    CLIENT_TELEMETRY_KEY,
+    EMULATOR_HOST_ENV,
+    REQUEST_PARAMS_KEY,
+    encode_client_telemetry,
+)
 
 #: Raw protobuf classes of the Publish RPC (``Message.pb()`` with no argument returns the raw class).
 PublishRequestPb: Any = _pubsub_types.PublishRequest.pb()
@@ -117,12 +123,16 @@ def _status_details(error: grpc.RpcError) -> tuple[list[Any], Any]:
     return list(details), error_info
 
 
-def request_metadata(topic: str, batch_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
-    """The gRPC metadata of one attempt (spec rule 8): routing header, batch id, attempt number."""
+def request_metadata(
+    topic: str, batch_id: str, attempt: int, publish_start_time: float | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata of one attempt (docs/hedging.md, rule 8): the routing header, Google's client
+    telemetry header (``attempt`` as ``hedged_attempt_count``, the batch's ``publish_start_time`` in
+    seconds since the epoch) and hedgepub's batch id."""
     return (
         (REQUEST_PARAMS_KEY, "topic=" + quote(topic, safe="/")),
+        (CLIENT_TELEMETRY_KEY, encode_client_telemetry(attempt, publish_start_time)),
         (BATCH_ID_KEY, batch_id),
-        (ATTEMPT_KEY, str(attempt)),
     )
 
 

@@ -261,6 +261,7 @@ class AsyncLocalServer:
             clock=options.clock,
             window=options.window,
             push_tokens=tokens,
+            buckets_dir=options.buckets_dir,
             policies=policies,
             may_forward=may_forward,
         )

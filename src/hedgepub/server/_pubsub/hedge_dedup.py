@@ -1,7 +1,7 @@
 """``hedgepub serve --dedup-hedges``: store a hedged batch once, however many of its copies arrive.
 
 hedgepub's publisher sends every attempt of a batch (the original, its retries, its hedges) with the same
-``hedgepub-batch-id`` metadata (SPEC-hedging.md, rule 8). With this opt-in window the local server
+``hedgepub-batch-id`` metadata (docs/hedging.md, rule 8). With this opt-in window the local server
 remembers, for a while, the message IDs it answered for each (topic, batch id): a later attempt of a batch
 already committed gets the first attempt's message IDs instead of being stored again, and an attempt that
 arrives while another attempt of its batch is being committed waits for that commit and gets its IDs. If
