@@ -2,7 +2,7 @@
 
 One module for every string both sides must spell the same way: the gRPC metadata keys of a Publish
 attempt, the environment variable that points clients at an emulator, and the encoding of the
-``x-goog-pubsub-client-telemetry`` header (docs/hedging.md, rule 9), which Google's clients put on their
+``x-goog-pubsub-client-telemetry`` header (docs/hedging.md, rule 8), which Google's clients put on their
 Publish attempts so that the service can tell a hedge from an unrelated duplicate publish.
 
 The header's value is the standard base64 (with padding; the key has no ``-bin`` suffix, so gRPC does not
@@ -24,10 +24,9 @@ from typing import Any
 
 #: The routing header every Google client sends: ``topic=<url-encoded topic name>``.
 REQUEST_PARAMS_KEY = "x-goog-request-params"
-#: hedgepub's own batch id, the same on every attempt of a batch (the local server's ``--dedup-hedges``).
+#: hedgepub's own batch id, the same on every attempt of a batch: it names one batch exactly (the local
+#: server's ``--dedup-hedges`` and request log use it), where two batches could share a start time.
 BATCH_ID_KEY = "hedgepub-batch-id"
-#: hedgepub's own attempt number: 0 for the original and its retries, k for hedge k.
-ATTEMPT_KEY = "hedgepub-attempt"
 #: Google's client-telemetry header: which hedge an attempt is and when its batch was first sent.
 CLIENT_TELEMETRY_KEY = "x-goog-pubsub-client-telemetry"
 

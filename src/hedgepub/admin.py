@@ -20,7 +20,7 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub import RpcError, StatusCode
-from hedgepub._transport.grpc import CHANNEL_OPTIONS, ChannelTarget, resolve_endpoint
+from hedgepub._transport.grpc import CHANNEL_OPTIONS, ChannelTarget, map_rpc_error, resolve_endpoint
 from hedgepub._wire import EMULATOR_HOST_ENV
 
 #: Environment variable naming the emulator's ``host:port``, as for every Pub/Sub client library.
@@ -89,13 +89,6 @@ def resource_path(project: str, kind: str, name: str) -> str:
     return name
 
 
-def _to_rpc_error(error: grpc.RpcError) -> RpcError:
-    code = error.code() if callable(getattr(error, "code", None)) else None
-    details = error.details() if callable(getattr(error, "details", None)) else str(error)
-    status = StatusCode(code.value[0]) if code is not None else StatusCode.UNKNOWN
-    return RpcError(status, details or "")
-
-
 class AdminClient:
     """Admin calls against the Pub/Sub server at ``endpoint``.
 
@@ -162,7 +155,7 @@ class AdminClient:
         try:
             return call(request, timeout=self.timeout, metadata=self._metadata, wait_for_ready=False)
         except grpc.RpcError as error:
-            raise _to_rpc_error(error) from error
+            raise map_rpc_error(error) from error
 
     # topics
     def create_topic(self, topic: str, labels: dict[str, str] | None = None) -> Any:
@@ -254,7 +247,7 @@ class AdminClient:
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return []
-            raise _to_rpc_error(error) from error
+            raise map_rpc_error(error) from error
 
     def acknowledge(self, subscription: str, ack_ids: list[str]) -> None:
         """Acknowledge ``ack_ids`` on ``subscription``."""

@@ -206,7 +206,7 @@ def test_core_records_the_winning_hedge_own_latency() -> None:
     core.start(0.0)
     sent_at = core.hedge_delay
     assert sent_at == pytest.approx(0.2, rel=0.01)
-    assert SendAttempt(1, 1, 5.0) in core.timer_fired(Timer(TimerKind.HEDGE, 1), sent_at)
+    assert SendAttempt(1, 1, 10.0) in core.timer_fired(Timer(TimerKind.HEDGE, 1), sent_at)
     core.attempt_succeeded(1, ["id"], sent_at + 0.7)
     # The hedge answered 0.7 s after it was sent; the cancelled original is never a sample.
     assert source.samples == 2

@@ -1,4 +1,4 @@
-"""The token bucket, bullet by bullet (SPEC-hedging.md "The token bucket")."""
+"""The token bucket, rule by rule (docs/hedging.md "The token bucket", rules 13-16)."""
 
 from __future__ import annotations
 

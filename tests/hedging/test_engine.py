@@ -1,4 +1,4 @@
-"""The hedged-attempt engine, rule by rule (SPEC-hedging.md "One batch, step by step"), on virtual time.
+"""The hedged-attempt engine, rule by rule (docs/hedging.md "One batch, step by step"), on virtual time.
 
 Every test asserts exact virtual instants: when each attempt was sent, with which attempt number and
 timeout, when losers were cancelled and when the batch resolved.
@@ -197,11 +197,11 @@ def test_a_code_left_out_of_retryable_codes_is_not_retried() -> None:
 # Rule 2: hedge k at t0 + k * hedge_delay, paid with one token; no token stops hedging for the batch.
 
 
-def test_hedge_is_sent_at_exactly_t0_plus_delay_with_the_current_timeout(bucket_with: BucketWith) -> None:
+def test_hedge_is_sent_at_exactly_t0_plus_delay_with_a_ten_second_timeout(bucket_with: BucketWith) -> None:
     bucket = bucket_with(1)
     script = Script([(HANG, None), (0.5, None)])
     outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket)
-    assert script.calls == [Call(0.0, 0, 5.0), Call(1.0, 1, 5.0)]
+    assert script.calls == [Call(0.0, 0, 5.0), Call(1.0, 1, 10.0)]
     assert outcome.hedges_sent == 1
     assert bucket.tokens == pytest.approx(0.1)  # 1 spent, 0.1 back for the success
 
@@ -275,11 +275,20 @@ def test_no_hedge_point_at_or_after_the_deadline(bucket_with: BucketWith) -> Non
     assert bucket.tokens == pytest.approx(3.0)
 
 
-def test_hedge_uses_the_timeout_of_the_originals_current_try(bucket_with: BucketWith) -> None:
-    script = Script([(0, UNAVAILABLE), (HANG, None), (0.2, None)])
-    outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket_with(1))
-    assert script.calls == [Call(0.0, 0, 5.0), Call(0.1, 0, 20.0), Call(1.0, 1, 20.0)]
-    assert outcome.winner_attempt == 1
+def test_a_hedge_gets_the_time_left_capped_at_ten_seconds_whatever_the_originals_timeout(
+    bucket_with: BucketWith,
+) -> None:
+    # The original's tries get 5 s, then 20 s; every hedge gets min(time left, 10 s), never those.
+    retry = RetrySettings(
+        initial_rpc_timeout=5, max_rpc_timeout=60, rpc_timeout_multiplier=4, total_timeout=13.5
+    )
+    script = Script([(0, UNAVAILABLE)])  # then everything hangs
+    outcome, _ = run_script(script, retry=retry, hedging=HEDGING, bucket=bucket_with(20))
+    hedges = [call for call in script.calls if call.number > 0]
+    assert script.calls[:2] == [Call(0.0, 0, 5.0), Call(0.1, 0, 13.4)]  # the retry: min(20 s, time left)
+    assert [call.time for call in hedges[:5]] == exactly([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert [call.timeout for call in hedges] == exactly([min(10.0, 13.5 - k) for k in range(1, 14)])
+    assert isinstance(outcome.error, PublishTimeoutError)
 
 
 # Rule 3: the first success wins at once; losers are cancelled; no more hedges; one refill.
@@ -361,17 +370,72 @@ def test_non_retryable_status_from_the_original_fails_at_once(code: StatusCode) 
     assert outcome.latency == exactly(0.3)
 
 
-def test_non_retryable_status_from_a_hedge_fails_at_once_and_cancels_the_rest(
+def test_a_hedge_refused_with_permission_denied_while_the_original_then_succeeds_publishes(
     bucket_with: BucketWith,
 ) -> None:
     bucket = bucket_with(1)
-    error = RpcError(StatusCode.NOT_FOUND, "topic gone")
-    script = Script([(HANG, None), (0.4, error)])
+    refused = RpcError(StatusCode.PERMISSION_DENIED, "not in this region")
+    script = Script([(2.0, None), (0.4, refused)])
     outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket)
-    assert outcome.error is error
-    assert outcome.latency == exactly(1.4)
-    assert script.cancelled == [(0, exactly(1.4))]
-    assert bucket.tokens == 0  # the token is spent and failures refill nothing
+    assert outcome.ok and outcome.winner_attempt == 0
+    assert outcome.message_ids == ("a0-0",)
+    assert script.times == exactly([0.0, 1.0])  # no token left for hedge 2 at 2.0
+    assert outcome.latency == exactly(2.0)
+    assert script.cancelled == []
+    assert bucket.tokens == pytest.approx(0.1)  # the token was spent; the original's success refilled
+
+
+def test_the_original_failing_for_good_waits_for_the_running_hedge_which_wins(
+    bucket_with: BucketWith,
+) -> None:
+    refused = RpcError(StatusCode.PERMISSION_DENIED, "primary refuses")
+    script = Script([(1.5, refused), (2.0, None)])
+    outcome, returned_at = run_script(script, hedging=HEDGING, bucket=bucket_with(1))
+    assert outcome.ok and outcome.winner_attempt == 1
+    assert outcome.message_ids == ("a1-0",)
+    assert returned_at == exactly(3.0) and outcome.latency == exactly(3.0)
+    assert script.cancelled == []  # the hedge was waited for, not cancelled
+
+
+def test_all_attempts_failing_fails_the_batch_with_the_originals_error(bucket_with: BucketWith) -> None:
+    original_error = RpcError(StatusCode.PERMISSION_DENIED, "primary refuses")
+    hedge_error = RpcError(StatusCode.NOT_FOUND, "no such topic there")
+    script = Script([(1.5, original_error), (1.0, hedge_error)])
+    outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket_with(1))
+    assert outcome.error is original_error
+    assert outcome.latency == exactly(2.0)  # when the hedge, the last attempt, failed
+    assert outcome.attempts_sent == 2
+
+
+def test_a_hedge_failing_first_leaves_the_original_to_fail_with_its_own_error(
+    bucket_with: BucketWith,
+) -> None:
+    original_error = RpcError(StatusCode.INVALID_ARGUMENT, "bad")
+    script = Script([(1.5, original_error), (0.1, RpcError(StatusCode.NOT_FOUND, "hedge"))])
+    outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket_with(1))
+    assert outcome.error is original_error
+    assert outcome.latency == exactly(1.5)
+
+
+def test_a_hedge_error_while_the_original_backs_off_waits_for_the_retry(bucket_with: BucketWith) -> None:
+    # Nothing runs between the hedge's error at 1.2 and the retry at 1.6, yet the batch is not over.
+    retry = RetrySettings(initial_retry_delay=0.1)
+    script = Script([(1.5, UNAVAILABLE), (0.2, RpcError(StatusCode.PERMISSION_DENIED, "no")), (0.3, None)])
+    outcome, _ = run_script(script, retry=retry, hedging=HEDGING, bucket=bucket_with(1))
+    assert outcome.ok and outcome.winner_attempt == 0
+    assert script.times == exactly([0.0, 1.0, 1.6])
+    assert outcome.latency == exactly(1.9)
+
+
+def test_an_original_failed_for_good_keeps_its_error_at_the_deadline(bucket_with: BucketWith) -> None:
+    refused = RpcError(StatusCode.PERMISSION_DENIED, "primary refuses")
+    script = Script([(1.5, refused)])  # the hedge hangs past the deadline
+    outcome, _ = run_script(
+        script, retry=RetrySettings(total_timeout=4), hedging=HEDGING, bucket=bucket_with(1)
+    )
+    assert outcome.error is refused
+    assert outcome.latency == exactly(4.0)
+    assert script.cancelled == [(1, exactly(4.0))]
 
 
 def test_other_exception_is_permanent_and_kept_as_cause() -> None:
@@ -405,7 +469,7 @@ def test_retryable_status_ends_a_hedge_quietly(bucket_with: BucketWith) -> None:
 def test_original_is_retried_while_the_hedge_keeps_running_and_can_win(bucket_with: BucketWith) -> None:
     script = Script([(1.5, UNAVAILABLE), (0.8, None), (HANG, None)])
     outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket_with(1))
-    assert script.calls == [Call(0.0, 0, 5.0), Call(1.0, 1, 5.0), Call(1.6, 0, 20.0)]
+    assert script.calls == [Call(0.0, 0, 5.0), Call(1.0, 1, 10.0), Call(1.6, 0, 20.0)]
     assert outcome.winner_attempt == 1
     assert outcome.latency == exactly(1.8)
     assert script.cancelled == [(2, exactly(1.8))]
@@ -476,15 +540,25 @@ def test_timeout_error_carries_the_last_status_seen() -> None:
 
 
 def test_id_count_mismatch_fails_the_batch_without_refill(bucket_with: BucketWith) -> None:
-    bucket = bucket_with(1)
-    script = Script([(HANG, None), (0.1, ["only-one"])], message_count=2)
+    bucket = bucket_with(0)
+    script = Script([(0.1, ["only-one"])], message_count=2)
     outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket)
     assert isinstance(outcome.error, ResponseMismatchError)
     assert "1 message IDs for 2 messages" in str(outcome.error)
     assert outcome.message_ids is None
-    assert outcome.latency == exactly(1.1)
+    assert outcome.latency == exactly(0.1)
+    assert outcome.attempts_sent == 1  # not retried
     assert bucket.tokens == 0
-    assert script.cancelled == [(0, exactly(1.1))]
+
+
+def test_a_hedge_with_the_wrong_id_count_is_a_hedge_error_and_the_original_can_still_win(
+    bucket_with: BucketWith,
+) -> None:
+    bucket = bucket_with(1)
+    script = Script([(1.5, None), (0.1, ["only-one"])], message_count=2)
+    outcome, _ = run_script(script, hedging=HEDGING, bucket=bucket)
+    assert outcome.ok and outcome.message_ids == ("a0-0", "a0-1")
+    assert bucket.tokens == pytest.approx(0.1)  # the mismatch refilled nothing; the success did
 
 
 # Rule 8: each attempt is told its number (0 = original and retries, k = hedge k) for its metadata.
@@ -567,8 +641,8 @@ def test_core_hedge_then_win_then_ignores_late_events(bucket_with: BucketWith) -
     core = HedgingCore(1, RetrySettings(), HEDGING, bucket)
     core.start(0.0)
     assert core.timer_fired(Timer(TimerKind.HEDGE, 1), 1.0) == [
-        SendAttempt(1, 1, 5.0),
-        StartTimer(Timer(TimerKind.ATTEMPT_TIMEOUT, 1), 5.0),
+        SendAttempt(1, 1, 10.0),
+        StartTimer(Timer(TimerKind.ATTEMPT_TIMEOUT, 1), 10.0),
         StartTimer(Timer(TimerKind.HEDGE, 2), 1.0),
     ]
     actions = core.attempt_succeeded(1, ["id"], 1.25)

@@ -50,6 +50,7 @@ from hedgepub import (
     RpcError,
     StatusCode,
 )
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.cli import main
 from hedgepub.server import IamConfig, IamEnforcer, LocalServer, ServiceError
 
@@ -128,7 +129,8 @@ class ExpiringTokenAuthorizer:
         token = str(values.get("authorization", "")).partition(" ")[2]
         fresh = token == ADMIN_TOKEN or self.issuer.accepts(token)
         if permission == "pubsub.topics.publish":
-            attempt = int(values.get("hedgepub-attempt", "-1"))
+            header = values.get(CLIENT_TELEMETRY_KEY)
+            attempt = decode_client_telemetry(header)[0] if header else -1
             self.publishes.append(Call(token, attempt, str(values.get("hedgepub-batch-id", "")), fresh))
         if not fresh:
             raise ServiceError(StatusCode.UNAUTHENTICATED, "Request had invalid authentication credentials.")

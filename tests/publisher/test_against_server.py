@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections.abc import Mapping
 
 import pytest
 
@@ -23,10 +24,16 @@ from hedgepub import (
     ShutdownTimeoutError,
     StatusCode,
 )
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultInjector, FaultRule, LocalServer
 
 QUICK_RETRY = RetrySettings(initial_retry_delay=0.01, retry_delay_multiplier=1.0, initial_rpc_timeout=2.0)
+
+
+def attempt_of(metadata: Mapping[str, str]) -> int:
+    """The hedged_attempt_count of the x-goog-pubsub-client-telemetry header in ``metadata``."""
+    return decode_client_telemetry(metadata[CLIENT_TELEMETRY_KEY])[0]
 
 
 def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
@@ -165,14 +172,16 @@ def test_retries_and_hedges_carry_the_batch_metadata_on_the_wire() -> None:
             recorder.publish_metadata.clear()
             recorder.set("Publish", FaultRule(errors={StatusCode.UNAVAILABLE: 1.0}))
             future = publisher.publish(topic, b"retried and hedged")
-            wait_for(lambda: any(call["hedgepub-attempt"] == "1" for call in recorder.publish_metadata))
+            wait_for(lambda: any(attempt_of(call) == 1 for call in recorder.publish_metadata))
             recorder.set("Publish", None)  # the next retry of the original goes through
             message_id = future.result(timeout=10)
         assert [stored.message_id for stored in server.messages(topic)][-1:] == [message_id]
     calls = recorder.publish_metadata
-    attempts = [call["hedgepub-attempt"] for call in calls]
-    assert attempts.count("1") == 1 and attempts.count("0") >= 2  # the original, its retries (one won)
-    assert attempts[-1] == "0" and set(attempts) == {"0", "1"}
+    attempts = [attempt_of(call) for call in calls]
+    assert attempts.count(1) == 1 and attempts.count(0) >= 2  # the original, its retries (one won)
+    assert attempts[-1] == 0 and set(attempts) == {0, 1}
+    starts = {decode_client_telemetry(call[CLIENT_TELEMETRY_KEY])[1] for call in calls}
+    assert len(starts) == 1 and None not in starts  # one start time, the batch's, on every attempt
     assert len({call["hedgepub-batch-id"] for call in calls}) == 1
     assert all(call["x-goog-request-params"] == f"topic={topic}" for call in calls)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -20,7 +22,8 @@ from hedgepub import (
     ShutdownTimeoutError,
     StatusCode,
 )
-from hedgepub.testing.scripted import ScriptedTransport
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry, encode_client_telemetry
+from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
 from hedgepub.testing.virtual_time import virtual_time
 
 TOPIC = "projects/test-project/topics/topic"
@@ -80,7 +83,7 @@ async def test_attributes_and_metadata_reach_the_request() -> None:
     assert dict(call.request.messages[0].attributes) == {"origin": "test", "kind": "bytes are decoded"}
     assert call.request.topic == TOPIC
     assert call.metadata["x-goog-request-params"] == f"topic={TOPIC}"
-    assert call.metadata["hedgepub-attempt"] == "0"
+    assert decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] == 0  # hedging off: sent too
     assert call.metadata["hedgepub-batch-id"]
 
 
@@ -137,7 +140,9 @@ async def test_hedge_wins_and_the_original_is_cancelled() -> None:
     assert await publisher.publish(TOPIC, b"slow") == "5"  # IDs of the hedge, the first to answer
     assert now() - started == pytest.approx(0.01 + 0.1 + 0.02)
     original, hedge = transport.calls[-2:]
-    assert (original.metadata["hedgepub-attempt"], hedge.metadata["hedgepub-attempt"]) == ("0", "1")
+    assert [
+        decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] for call in (original, hedge)
+    ] == [0, 1]
     assert original.metadata["hedgepub-batch-id"] == hedge.metadata["hedgepub-batch-id"]
     await asyncio.sleep(0.001)  # the cancellation travels down the attempt's layers
     assert original.outcome == "cancelled"
@@ -288,7 +293,20 @@ async def test_retries_and_hedges_of_a_batch_share_its_metadata() -> None:
     transport.script.extend([unavailable, transport.ok(delay=5.0), transport.ok(delay=0.01)])
     assert await publisher.publish(TOPIC, b"x") == "5"
     original, hedge, retry = transport.calls[-3:]
-    assert [call.metadata["hedgepub-attempt"] for call in (original, hedge, retry)] == ["0", "1", "0"]
+    telemetry = [
+        decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY]) for call in (original, hedge, retry)
+    ]
+    assert [count for count, _start in telemetry] == [0, 1, 0]
+    assert len({start for _count, start in telemetry}) == 1  # the batch's start time, on every attempt
+    start = telemetry[0][1]
+    assert start is not None and abs(start - time.time()) < 60  # wall-clock seconds, not the loop's
+    # Byte for byte what Google's clients send: (0, start) on the original and its retry, (1, start) on
+    # the hedge; no -bin key, standard base64.
+    assert [call.metadata[CLIENT_TELEMETRY_KEY] for call in (original, hedge, retry)] == [
+        encode_client_telemetry(0, start),
+        encode_client_telemetry(1, start),
+        encode_client_telemetry(0, start),
+    ]
     assert {call.metadata["hedgepub-batch-id"] for call in (original, hedge, retry)} == {
         original.metadata["hedgepub-batch-id"]
     }
@@ -314,3 +332,40 @@ async def test_shutdown_timeout_counts_the_attempts_of_the_batches_it_cuts_off()
     assert (stats.messages_published, stats.messages_failed) == (10, 1)
     assert (stats.batches_sent, stats.attempts_sent, stats.hedges_sent, stats.hedges_won) == (11, 13, 2, 0)
     assert stats.max_ms == pytest.approx(2500, rel=0.001)  # shutdown sent the batch at once, cut it at 2.5 s
+
+
+@virtual_time
+async def test_one_topic_draining_its_tokens_on_stalls_leaves_another_topics_hedges_firing() -> None:
+    # docs/hedging.md rule 13: a bucket per topic, each with the settings' size, each starting empty.
+    stalling, healthy = f"{TOPIC}-stalling", f"{TOPIC}-healthy"
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=2, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging)
+    assert publisher.stats().tokens_by_topic == {}
+    for topic in (stalling, healthy):
+        for _ in range(10):  # 10 quick batches: 2 tokens, this topic's bucket full
+            await publisher.publish(topic, b"warm-up")
+    assert dict(publisher.stats().tokens_by_topic) == {stalling: 2.0, healthy: 2.0}
+    assert publisher.stats().tokens_available == 4.0  # every topic's tokens together
+
+    async def answer(call: ScriptedCall) -> Sequence[str]:
+        # The stalling topic answers after 1 s, every attempt; the healthy one's hedges at once.
+        hedge = decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] > 0
+        await asyncio.sleep(1.0 if call.request.topic == stalling or not hedge else 0.01)
+        return transport.next_ids(len(call.request.messages))
+
+    transport.default = answer
+    before = publisher.stats()
+    for _ in range(3):
+        await publisher.publish(stalling, b"stalled")
+    stats = publisher.stats()
+    # The first stall's hedges 1 and 2 spend the topic's two tokens; from then on every hedge point finds
+    # less than one (0.2 back per success): one skip per batch.
+    assert (stats.hedges_sent - before.hedges_sent, stats.hedges_skipped - before.hedges_skipped) == (2, 3)
+    assert stats.tokens_by_topic[stalling] == pytest.approx(0.6)
+    assert stats.tokens_by_topic[healthy] == 2.0  # untouched
+    started = now()
+    await publisher.publish(healthy, b"slow original")
+    assert now() - started == pytest.approx(0.01 + 0.1 + 0.01)  # its hedge fired and won
+    assert publisher.stats().hedges_won >= 1
+    await publisher.shutdown()

@@ -19,6 +19,7 @@ from hedgepub import (
     HedgingSettings,
     PublisherClient,
 )
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.bench import AdminClient
 from hedgepub.dedup import IDEMPOTENCY_ATTRIBUTE
 from hedgepub.server import LocalServer
@@ -65,7 +66,7 @@ async def test_every_copy_of_a_hedged_batch_carries_the_same_keys() -> None:
         publisher.publish(TOPIC, b"c", **{IDEMPOTENCY_ATTRIBUTE: "the caller's own key"}),
     )
     original, hedge = transport.calls[-2:]
-    assert hedge.metadata["hedgepub-attempt"] == "1"
+    assert decode_client_telemetry(hedge.metadata[CLIENT_TELEMETRY_KEY])[0] == 1
 
     def keys(call: object) -> list[str]:
         return [message.attributes[IDEMPOTENCY_ATTRIBUTE] for message in call.request.messages]  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub._publisher.routes import EndpointRoutes
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
 from hedgepub.testing.scripted import ScriptedTransport
@@ -50,7 +51,7 @@ async def publisher_with_endpoints(
 
 
 def attempt_numbers(transport: ScriptedTransport) -> list[str]:
-    return [call.metadata["hedgepub-attempt"] for call in transport.calls]
+    return [str(decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0]) for call in transport.calls]
 
 
 @virtual_time
@@ -69,9 +70,7 @@ async def test_hedges_go_to_the_hedge_endpoints_in_turn() -> None:
     assert attempt_numbers(second) == ["2"]
     batch_ids = {call.metadata["hedgepub-batch-id"] for t in (primary, first, second) for call in t.calls}
     assert len(batch_ids) == 1  # every copy carries the batch's id, wherever it goes
-    assert [call.timeout for call in first.calls] == [
-        pytest.approx(5.0 - 0.0)
-    ] * 2  # the original's rpc timeout
+    assert [call.timeout for call in first.calls] == [10.0, 10.0]  # min(time left, 10 s)
     await asyncio.sleep(0.001)
     assert [call.outcome for call in (*first.calls, *second.calls)] == ["cancelled"] * 3
     stats = publisher.stats()
@@ -150,11 +149,35 @@ async def test_an_unreachable_hedge_endpoint_fails_only_its_hedges() -> None:
 
 
 @virtual_time
-async def test_a_non_retryable_answer_from_a_hedge_endpoint_fails_the_batch() -> None:
-    # Spec rule 4 holds wherever the attempt went: the endpoints serve the same topics.
+async def test_a_hedge_endpoint_that_refuses_does_not_fail_a_batch_the_primary_stores() -> None:
+    # Rule 4: one region's PERMISSION_DENIED ends only its hedge; the user sees the primary's success.
     primary, (other,), publisher = await publisher_with_endpoints(1)
     primary.script.append(primary.ok(delay=1.0))
     other.script.append(other.fail(StatusCode.PERMISSION_DENIED))
+    message_id = await publisher.publish(TOPIC, b"x")
+    assert message_id
+    assert len(other.calls) >= 1  # the hedge was sent and refused
+    assert publisher.stats().messages_failed == 0
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_a_primary_that_refuses_waits_for_the_hedge_endpoint_that_stores() -> None:
+    primary, (other,), publisher = await publisher_with_endpoints(1, max_tokens=1)
+    primary.script.append(primary.fail(StatusCode.PERMISSION_DENIED, delay=0.3))
+    other.script.append(other.ok(delay=0.5))
+    started = now()
+    message_id = await publisher.publish(TOPIC, b"x")
+    assert message_id
+    assert now() - started == pytest.approx(0.61)  # sent at 0.01, hedged at 0.11, stored at 0.61
+    await publisher.shutdown()
+
+
+@virtual_time
+async def test_when_every_endpoint_refuses_the_batch_fails_with_the_primarys_error() -> None:
+    primary, (other,), publisher = await publisher_with_endpoints(1, max_tokens=1)
+    primary.script.append(primary.fail(StatusCode.PERMISSION_DENIED, delay=0.3))
+    other.script.append(other.fail(StatusCode.NOT_FOUND, delay=0.5))
     with pytest.raises(RpcError) as raised:
         await publisher.publish(TOPIC, b"x")
     assert raised.value.code is StatusCode.PERMISSION_DENIED

@@ -55,9 +55,17 @@ def test_metadata_ties_the_attempt_to_its_batch() -> None:
     metadata = dict(request_metadata("projects/p/topics/t", "batch-7", 2))
     assert metadata == {
         "x-goog-request-params": "topic=projects/p/topics/t",
+        "x-goog-pubsub-client-telemetry": "CgIIAg==",  # hedged_attempt_count 2, no start time
         "hedgepub-batch-id": "batch-7",
-        "hedgepub-attempt": "2",
     }
+
+
+@pytest.mark.parametrize(("attempt", "expected"), [(0, "CgA="), (1, "CgIIAQ==")])
+def test_the_telemetry_header_has_the_references_bytes(attempt: int, expected: str) -> None:
+    assert (
+        dict(request_metadata("projects/p/topics/t", "b", attempt))["x-goog-pubsub-client-telemetry"]
+        == expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,7 +183,7 @@ def test_scripted_transport_follows_its_script() -> None:
         transport = ScriptedTransport()
         transport.script.extend([transport.fail(StatusCode.UNAVAILABLE, delay=1.0), transport.ok(delay=2.0)])
         with pytest.raises(RpcError):
-            await transport.publish(_request("t", 2), (("hedgepub-attempt", "0"),), 5.0)
+            await transport.publish(_request("t", 2), (("hedgepub-batch-id", "b-0"),), 5.0)
         assert asyncio.get_running_loop().time() == 1.0
         assert await transport.publish(_request("t", 2), (), 5.0) == ["0", "1"]
         assert asyncio.get_running_loop().time() == 3.0
@@ -185,6 +193,6 @@ def test_scripted_transport_follows_its_script() -> None:
         assert caught.value.code is StatusCode.DEADLINE_EXCEEDED
         assert asyncio.get_running_loop().time() == 3.5
         assert [call.outcome for call in transport.calls] == ["error", "ok", "error"]
-        assert transport.calls[0].metadata == {"hedgepub-attempt": "0"}
+        assert transport.calls[0].metadata == {"hedgepub-batch-id": "b-0"}
 
     run_virtual(scenario())

@@ -21,7 +21,14 @@ Settings (environment variables; the long run uses the values in brackets):
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import contextlib
+import http.client
+import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -191,3 +198,55 @@ def test_a_modify_ack_deadline_loop_does_not_grow_the_server(
     after = memory_server.rss_bytes()
     # Each call used to leave 1,000 entries (about 100 KB) in the lease-deadline heap.
     assert after <= before + 8 * MIB, (before / MIB, after / MIB)
+
+
+def _peak_rss_during(server: Any, work: Callable[[], Any]) -> tuple[int, Any]:
+    """The server's highest RSS, sampled every 10 ms while ``work()`` runs here, and its result."""
+    peak = server.rss_bytes()
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            with contextlib.suppress(OSError, RuntimeError):
+                peak = max(peak, server.rss_bytes())
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = work()
+    finally:
+        done.set()
+        sampler.join()
+    return peak, result
+
+
+def test_concurrent_large_rest_publishes_are_bounded_in_bytes(memory_server: Any, make_rpc: Any) -> None:
+    """20 concurrent REST publishes of a 9.9 MB message each: all answered 200, and the server holds only a
+    few bodies at once (each costs about six times its size while answered), not all twenty."""
+    memory_server.start()
+    rpc = make_rpc(memory_server.address)
+    rpc.call("Publisher", "CreateTopic", Topic(name="projects/trust/topics/large-rest"), Topic)
+    body = json.dumps({"messages": [{"data": base64.b64encode(os.urandom(9_900_000)).decode()}]}).encode()
+    host, port = memory_server.address.rsplit(":", 1)
+
+    def publish() -> int:
+        connection = http.client.HTTPConnection(host, int(port), timeout=300)
+        try:
+            connection.request("POST", "/v1/projects/trust/topics/large-rest:publish", body=body)
+            response = connection.getresponse()
+            response.read()
+            return response.status
+        finally:
+            connection.close()
+
+    before = memory_server.rss_bytes()
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        peak, statuses = _peak_rss_during(
+            memory_server, lambda: list(pool.map(lambda _: publish(), range(20)))
+        )
+    assert statuses == [200] * 20
+    grown = (peak - before) / 2**20
+    print(f"\nRSS {before / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB (+{grown:.0f} MiB)")
+    assert grown < 500, f"{grown:.0f} MiB more at the peak"

@@ -4,8 +4,8 @@ The balance is kept in whole thousandths of a token (an ``int``), so a million r
 to exactly ``100_000`` tokens' worth, with no floating-point drift. The refill ratio is therefore used
 rounded to the nearest thousandth (the settings allow 0.001 to 0.2, so this never rounds to zero).
 
-The bucket starts empty, as the reference Java client's does: a fresh publisher hedges only after enough
-batches have succeeded. Failures add nothing, so when the service is slow or failing for everyone the
+The bucket starts empty, as Google's Go and Rust clients' do: a fresh topic hedges only after enough of
+its batches have succeeded. Failures add nothing, so when the service is slow or failing for everyone the
 tokens run out and hedging switches itself off.
 """
 
@@ -21,7 +21,7 @@ _SCALE = 1000
 
 
 class TokenBucket:
-    """Tokens that pay for hedged attempts; shared by every batch of a publisher and thread-safe.
+    """Tokens that pay for hedged attempts; shared by every batch of one topic and thread-safe.
 
     Args:
         max_tokens: most whole tokens the bucket can hold (at least 1).

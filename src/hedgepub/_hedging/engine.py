@@ -13,29 +13,28 @@ It is built in two parts, as tenacity builds its retry loop:
 * :func:`run_batch`, a thin asyncio driver that carries the actions out with a
   :class:`~hedgepub._clock.Clock` and turns finished attempt tasks and fired timers back into events.
 
-The rules are those of SPEC-hedging.md, "One batch, step by step", numbered the same way in the code.
-Rule 8 (the metadata that ties every attempt to its batch) is the transport's job: the engine passes each
-attempt its ``attempt_number`` (0 for the original and its retries, k for hedge k), and the transport puts
-it, with the batch id and topic, into the request metadata.
+The rules are those of docs/hedging.md ("One batch, step by step"), numbered the same way in the code.
+Rule 8 (the metadata that ties every attempt to its batch) is the sender's job: the engine passes each
+attempt its ``attempt_number`` (0 for the original and its retries, k for hedge k), and the sender puts
+it, with the batch id, the batch's start time and the topic, into the request metadata.
 
-Choices made where the spec is silent:
+Choices made where the rules are silent:
 
 * Retries have no jitter, so that tests can assert the exact delays: retry ``r`` (0 for the first)
   waits ``retry.retry_delay(r)`` and then runs with ``min(retry.rpc_timeout(r + 1), time left)``.
-* A hedge's timeout is ``min(retry.rpc_timeout(n), time left)`` where ``n`` is the retry number of the
-  original's most recently sent try (0 before any retry).
 * Every attempt's timeout is enforced by the engine too: when it passes, the attempt is cancelled and
   counts as ``DEADLINE_EXCEEDED`` (retryable by default).
 * When the original fails and its next retry would start at or after the deadline, it gives up. Hedges
   still running keep their chance until the deadline (hedge points before the deadline still send new
   hedges if tokens allow). As soon as the original has given up and no attempt is running, the batch
   fails with :class:`~hedgepub.PublishTimeoutError` right away rather than idling until the deadline.
-* An attempt that raises something other than :class:`~hedgepub.RpcError` fails the batch at once: a
-  :class:`~hedgepub.PublishError` passes through as it is; any other exception is wrapped in a plain
-  ``PublishError`` (``code`` ``None``) whose ``__cause__`` is the original exception. An attempt task
-  cancelled by someone other than the engine counts as ``CANCELLED`` (retryable by default).
+* An attempt that raises something other than :class:`~hedgepub.RpcError` ends that attempt for good, as a
+  non-retryable status does: a :class:`~hedgepub.PublishError` as it is; any other exception wrapped in a
+  plain ``PublishError`` (``code`` ``None``) whose ``__cause__`` is the original exception. An attempt
+  task cancelled by someone other than the engine counts as ``CANCELLED`` (retryable by default).
 * When the deadline passes while attempts are running, the timeout error's ``last_error`` is a
-  ``DEADLINE_EXCEEDED`` :class:`~hedgepub.RpcError` for the attempt that was cut off.
+  ``DEADLINE_EXCEEDED`` :class:`~hedgepub.RpcError` for the original's try that was cut off (or, if the
+  original had no error and no try running, for the hedge cut off).
 * Without ``hedging`` (or with it but without a ``bucket``, which :func:`run_batch` refuses) there are
   no hedges. A ``bucket`` is refilled on every success, hedging on or not.
 * A batch keeps the hedge delay it started with: hedge k is sent at ``t0 + k * delay`` even if the delay
@@ -155,6 +154,10 @@ class Resolve:
 Action = SendAttempt | StartTimer | CancelTimer | CancelAttempt | Resolve
 
 
+#: The longest a hedge may run: its timeout is the smaller of this and the time left to the deadline.
+HEDGE_TIMEOUT_CAP = 10.0
+
+
 class OriginalState(enum.Enum):
     """Where the original attempt and its retries stand."""
 
@@ -164,6 +167,8 @@ class OriginalState(enum.Enum):
     BACKING_OFF = "backing-off"
     #: No more tries: the next would start at or after the deadline.
     GAVE_UP = "gave-up"
+    #: The last try failed for good: a non-retryable status, a wrong response or another error.
+    FAILED = "failed"
 
 
 @dataclass
@@ -202,6 +207,7 @@ class HedgingCore:
     attempts_sent: int = field(default=0, init=False)
     hedges_sent: int = field(default=0, init=False)
     hedges_skipped: int = field(default=0, init=False)
+    #: The original's latest error (its retries' included): what a failed batch reports.
     last_error: PublishError | None = field(default=None, init=False)
     _original_tries: int = field(default=0, init=False)
     _running: dict[int, _Running] = field(default_factory=dict, init=False)
@@ -241,7 +247,7 @@ class HedgingCore:
                 f"attempt {running.attempt_number} returned {len(ids)} message IDs for "
                 f"{self.message_count} messages"
             )
-            return self._resolve(now, error=error, finished=attempt_id)
+            return self._attempt_ended(attempt_id, running, error, False, now)
         if self.bucket is not None:
             self.bucket.refill()
         if self.delay_source is not None:
@@ -254,13 +260,7 @@ class HedgingCore:
         if running is None or self.resolved:
             return []
         failure, retryable = self._classify(error)
-        if not retryable:
-            return self._resolve(now, error=failure, finished=attempt_id)
-        self.last_error = failure
-        actions: list[Action] = [CancelTimer(Timer(TimerKind.ATTEMPT_TIMEOUT, attempt_id))]
-        if running.attempt_number == 0:
-            actions += self._after_original_failed(now)
-        return actions + self._give_up_if_idle(now)
+        return self._attempt_ended(attempt_id, running, failure, retryable, now)
 
     def timer_fired(self, timer: Timer, now: float) -> list[Action]:
         """``timer`` went off at ``now``."""
@@ -305,8 +305,20 @@ class HedgingCore:
             StartTimer(Timer(TimerKind.ATTEMPT_TIMEOUT, attempt_id), timeout),
         ]
 
-    def _current_rpc_timeout(self) -> float:
-        return self.retry.rpc_timeout(max(self._original_tries - 1, 0))
+    def _attempt_ended(
+        self, attempt_id: int, running: _Running, failure: PublishError, retryable: bool, now: float
+    ) -> list[Action]:
+        # Rule 4: a hedge's error ends that hedge and nothing else. Rule 5: the original's retryable
+        # error leads to a retry; any other error ends the original for good. Either way the batch fails
+        # only once no attempt is left, with the original's error.
+        actions: list[Action] = [CancelTimer(Timer(TimerKind.ATTEMPT_TIMEOUT, attempt_id))]
+        if running.attempt_number == 0:
+            self.last_error = failure
+            if retryable:
+                actions += self._after_original_failed(now)
+            else:
+                self.original = OriginalState.FAILED
+        return actions + self._fail_if_nothing_left(now)
 
     def _send_original(self, now: float) -> list[Action]:
         # Rule 1: the n-th try (0 first) gets rpc_timeout(n), cut to what is left of the deadline.
@@ -339,20 +351,34 @@ class HedgingCore:
             self.hedges_skipped = 1
             return []
         self.hedges_sent += 1
-        timeout = min(self._current_rpc_timeout(), self.deadline - now)
+        # Rule 2: a hedge gets the time left to the deadline, at most HEDGE_TIMEOUT_CAP.
+        timeout = min(HEDGE_TIMEOUT_CAP, self.deadline - now)
         return self._send(k, timeout, now) + self._schedule_hedge(k + 1, now)
 
-    def _give_up_if_idle(self, now: float) -> list[Action]:
-        if self.original is not OriginalState.GAVE_UP or self._running:
+    def _fail_if_nothing_left(self, now: float) -> list[Action]:
+        # Rule 4: while an attempt runs (or the original waits to retry), the batch may still succeed.
+        if self._running:
             return []
-        return self._resolve(now, error=self._timeout_error("the next retry would start after the deadline"))
+        if self.original is OriginalState.FAILED:
+            return self._resolve(now, error=self.last_error)
+        if self.original is OriginalState.GAVE_UP:
+            return self._resolve(
+                now, error=self._timeout_error("the next retry would start after the deadline")
+            )
+        return []
 
     def _deadline_passed(self, now: float) -> list[Action]:
-        # Rule 6: whatever is still running was cut off by the deadline, which makes it the last error.
-        if self._running:
-            number = max(self._running.items())[1].attempt_number
+        # Rule 6: an original that failed for good keeps its error. Otherwise whatever is still running
+        # was cut off by the deadline (the original's try first), which makes it the last error.
+        if self.original is OriginalState.FAILED:
+            return self._resolve(now, error=self.last_error)
+        cut_off = [running for running in self._running.values() if running.attempt_number == 0]
+        if not cut_off and self.last_error is None:
+            cut_off = [max(self._running.items())[1]] if self._running else []
+        if cut_off:
             self.last_error = RpcError(
-                StatusCode.DEADLINE_EXCEEDED, f"attempt {number} was still running at the total timeout"
+                StatusCode.DEADLINE_EXCEEDED,
+                f"attempt {cut_off[0].attempt_number} was still running at the total timeout",
             )
         return self._resolve(now, error=self._timeout_error("the total timeout passed"))
 

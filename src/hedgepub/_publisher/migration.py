@@ -227,8 +227,8 @@ def refuse_official_keywords(extra: dict[str, Any]) -> None:
         if name == "client_info":
             raise TypeError(
                 "client_info (user-agent details for the official client) cannot be mapped to hedgepub: "
-                "drop it; hedgepub identifies its attempts with its hedgepub-batch-id and hedgepub-attempt "
-                "metadata"
+                "drop it; hedgepub identifies its attempts with the x-goog-pubsub-client-telemetry and "
+                "hedgepub-batch-id metadata"
             )
         raise TypeError(f"PublisherClient() got an unexpected keyword argument {name!r}")
 

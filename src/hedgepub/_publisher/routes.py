@@ -5,7 +5,7 @@ The hedging engine decides *when* an attempt is sent and stays a pure decision c
 primary endpoint. With ``hedge_endpoints`` given, hedge ``k`` goes to ``hedge_endpoints[(k - 1) % n]``:
 the first hedge to the first listed endpoint, the next to the next, round again after the last. Without
 them every hedge goes to the primary, as plain hedging does. Every endpoint shares the publisher's
-credentials, token bucket and the rules of SPEC-hedging.md; a hedge endpoint that cannot be reached
+credentials, token bucket and the rules of docs/hedging.md; a hedge endpoint that cannot be reached
 answers ``UNAVAILABLE`` (or times out), which ends that hedge quietly like any retryable hedge failure
 and never fails the batch while the primary may still answer.
 

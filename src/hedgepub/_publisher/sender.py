@@ -3,11 +3,12 @@
 :class:`BatchSender` runs a sealed batch through :func:`hedgepub._hedging.engine.run_batch` with the
 publisher's retry and hedging settings, the token bucket of the batch's topic and the hedge delay source.
 Each attempt goes to the endpoint its attempt number is routed to (:mod:`hedgepub._publisher.routes`),
-with the metadata of docs/hedging.md (rule 9), inside an OpenTelemetry span when telemetry is on.
+with the metadata of docs/hedging.md (rule 8), inside an OpenTelemetry span when telemetry is on.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -76,6 +77,9 @@ class BatchSender:
         request = batch.request
         topic = batch.topic
         batch_id = batch.batch_id
+        # Rule 8: wall-clock time (the service compares it across clients), taken once per batch.
+        started = time.time()
+        headers: dict[int, tuple[tuple[str, str], ...]] = {}
 
         async def attempt(attempt_number: int, timeout: float) -> list[str]:
             counts.attempts += 1
@@ -87,9 +91,12 @@ class BatchSender:
             sent_at = clock.now()
             try:
                 transport = routes.transport(index)
-                ids = await transport.publish(
-                    request, request_metadata(topic, batch_id, attempt_number), timeout
-                )
+                metadata = headers.get(attempt_number)
+                if metadata is None:  # retries of the original send the very same metadata
+                    metadata = headers[attempt_number] = request_metadata(
+                        topic, batch_id, attempt_number, started
+                    )
+                ids = await transport.publish(request, metadata, timeout)
             except Exception:  # not CancelledError: a loser cancelled by the engine did not fail
                 recorder.failed()
                 raise

@@ -79,7 +79,10 @@ class PublisherStats:
         hedges_sent: hedged attempts sent.
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
-        tokens_available: tokens in the hedging bucket now (0.0 when hedging is off).
+        tokens_available: tokens now in the hedging buckets of every topic together (0.0 when hedging
+            is off); each topic has a bucket of its own, see ``tokens_by_topic``.
+        tokens_by_topic: tokens now in each topic's hedging bucket, for every topic that has sent a
+            batch (empty when hedging is off).
         hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
             ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
         p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
@@ -96,6 +99,7 @@ class PublisherStats:
     hedges_won: int = 0
     hedges_skipped: int = 0
     tokens_available: float = 0.0
+    tokens_by_topic: Mapping[str, float] = field(default_factory=dict)
     hedge_delay_ms: float = 0.0
     p50_ms: float = 0.0
     p90_ms: float = 0.0
@@ -150,9 +154,10 @@ class StatsRecorder:
         hedge_delay: float = 0.0,
         *,
         endpoints: Mapping[str, EndpointStats] | None = None,
+        tokens_by_topic: Mapping[str, float] | None = None,
     ) -> PublisherStats:
-        """The counters and percentiles now, with the bucket's tokens, the hedge delay (seconds) and
-        the per-endpoint stats."""
+        """The counters and percentiles now, with the buckets' tokens (all together and by topic), the
+        hedge delay (seconds) and the per-endpoint stats."""
         with self._lock:
             histogram = self._histogram
             return PublisherStats(
@@ -164,6 +169,7 @@ class StatsRecorder:
                 hedges_won=self.hedges_won,
                 hedges_skipped=self.hedges_skipped,
                 tokens_available=tokens_available,
+                tokens_by_topic=tokens_by_topic if tokens_by_topic is not None else {},
                 hedge_delay_ms=hedge_delay * 1000.0,
                 p50_ms=percentile_ms(histogram, 50),
                 p90_ms=percentile_ms(histogram, 90),

@@ -41,7 +41,7 @@ name                               kind (unit)                meaning
                                                               ``hedgepub.outcome`` ok/error
 ``hedgepub.messages.published``    counter                    messages published
 ``hedgepub.messages.failed``       counter                    messages whose publish failed
-``hedgepub.hedge.tokens``          observable gauge           tokens in the bucket, per client
+``hedgepub.hedge.tokens``          observable gauge           tokens in all topics' buckets, per client
 ``hedgepub.hedge.delay``           observable gauge (s)       the hedge delay now (fixed or adaptive)
 =================================  =========================  =============================================
 

@@ -33,6 +33,9 @@ reason; a refresh error google-auth marks retryable (the token endpoint unreacha
 gRPC errors are translated to hedgepub's at one boundary, :func:`map_rpc_error`::
 
     grpc.aio.AioRpcError(code=grpc.StatusCode.X)  ->  hedgepub.RpcError(StatusCode.X, details)
+
+where the ``RpcError`` is of the code's class (``NOT_FOUND``: ``hedgepub._exceptions.NotFound``, also a
+``google.api_core.exceptions.NotFound``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,13 @@ from google.pubsub_v1.types import pubsub as _pubsub_types
 
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
-from hedgepub._wire import ATTEMPT_KEY, BATCH_ID_KEY, EMULATOR_HOST_ENV, REQUEST_PARAMS_KEY
+from hedgepub._wire import (
+    BATCH_ID_KEY,
+    CLIENT_TELEMETRY_KEY,
+    EMULATOR_HOST_ENV,
+    REQUEST_PARAMS_KEY,
+    encode_client_telemetry,
+)
 
 #: Raw protobuf classes of the Publish RPC (``Message.pb()`` with no argument returns the raw class).
 PublishRequestPb: Any = _pubsub_types.PublishRequest.pb()
@@ -84,8 +93,11 @@ _GRPC_TO_STATUS: dict[grpc.StatusCode, StatusCode] = {
 def map_rpc_error(error: grpc.RpcError) -> RpcError:
     """Translate a gRPC error into hedgepub's :class:`~hedgepub.RpcError` (the one place this happens).
 
-    A status that is not a failure (``OK``, which a broken server could send with no response) becomes
-    ``UNKNOWN``, because the caller has no message IDs.
+    The result is the class of its code (``NotFound``, ``PermissionDenied``, ...), which is also the
+    ``google.api_core.exceptions`` class of that code, with the status message and the ``google.rpc``
+    details of the ``grpc-status-details-bin`` trailer (``ErrorInfo`` and the others), as the official
+    client reads them. A status that is not a failure (``OK``, which a broken server could send with no
+    response) becomes ``UNKNOWN``, because the caller has no message IDs.
     """
     code_method = getattr(error, "code", None)
     grpc_code = code_method() if callable(code_method) else None
@@ -94,15 +106,33 @@ def map_rpc_error(error: grpc.RpcError) -> RpcError:
         code = StatusCode.UNKNOWN
     details_method = getattr(error, "details", None)
     details = details_method() if callable(details_method) else str(error)
-    return RpcError(code, details or "")
+    error_details, error_info = _status_details(error)
+    return RpcError(code, details or "", error_details=error_details, error_info=error_info, response=error)
 
 
-def request_metadata(topic: str, batch_id: str, attempt: int) -> tuple[tuple[str, str], ...]:
-    """The gRPC metadata of one attempt (spec rule 8): routing header, batch id, attempt number."""
+def _status_details(error: grpc.RpcError) -> tuple[list[Any], Any]:
+    """The ``google.rpc`` details of a status and its ``ErrorInfo``, read as google-api-core reads them."""
+    if not callable(getattr(error, "trailing_metadata", None)):
+        return [], None
+    try:
+        from google.api_core.exceptions import _parse_grpc_error_details
+
+        details, error_info = _parse_grpc_error_details(error)
+    except Exception:  # a malformed trailer, or a google-api-core without the helper: the status stands
+        return [], None
+    return list(details), error_info
+
+
+def request_metadata(
+    topic: str, batch_id: str, attempt: int, publish_start_time: float | None = None
+) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata of one attempt (docs/hedging.md, rule 8): the routing header, Google's client
+    telemetry header (``attempt`` as ``hedged_attempt_count``, the batch's ``publish_start_time`` in
+    seconds since the epoch) and hedgepub's batch id."""
     return (
         (REQUEST_PARAMS_KEY, "topic=" + quote(topic, safe="/")),
+        (CLIENT_TELEMETRY_KEY, encode_client_telemetry(attempt, publish_start_time)),
         (BATCH_ID_KEY, batch_id),
-        (ATTEMPT_KEY, str(attempt)),
     )
 
 

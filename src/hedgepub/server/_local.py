@@ -51,7 +51,7 @@ from hedgepub.server._store.memory import MemoryStore, Store, StoredMessage
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
 #: Calls the gRPC face holds waiting for the event loop to take them up. gRPC's default (1,000, refused
 #: beyond as CANCELLED, which Google's emulator never answers) turned away thousands of concurrent calls;
-#: calls wait instead, and only past this many does the face shed load, as UNAVAILABLE (see limits.py).
+#: calls wait instead, and past the shedder's bound (_api/shedding.py) are refused UNAVAILABLE.
 MAX_PENDING_CALLS = 100_000
 #: Options of the gRPC face (and of the REST gateway's channel to it).
 GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
@@ -264,6 +264,7 @@ class AsyncLocalServer:
             clock=options.clock,
             window=options.window,
             push_tokens=tokens,
+            buckets_dir=options.buckets_dir,
             policies=policies,
             may_forward=may_forward,
         )

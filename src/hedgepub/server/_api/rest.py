@@ -19,6 +19,7 @@ exactly-once acknowledgement) as ``"details"``, each ``google.protobuf.Any`` in 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import importlib
 import json
@@ -40,6 +41,7 @@ from google.protobuf import descriptor, empty_pb2, json_format
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
+from hedgepub.server._api import transforms_rest
 from hedgepub.server._front.front import REST_CLIENT_METADATA, peer_name
 from hedgepub.server._pubsub.limits import ServiceError
 from hedgepub.server._pubsub.nesting import load_json
@@ -76,6 +78,12 @@ MAX_BODY_BYTES = 20 * 1024 * 1024
 
 #: Longest ``X-Server-Timeout`` taken as given; a longer one is cut to this (no call lasts as long).
 MAX_SERVER_TIMEOUT_SECONDS = 24 * 3600.0
+#: Request bodies held at once (read, parsed and being answered), in bytes as their Content-Length states
+#: (a body of unstated length counts as MAX_BODY_BYTES); bodies under SMALL_BODY_BYTES are not counted.
+#: Each byte of a JSON body costs about six in memory while its call is answered (the text, the parsed
+#: JSON, the decoded data, the request message and its gRPC copies).
+REST_BODY_BUDGET_BYTES = 3 * MAX_BODY_BYTES
+SMALL_BODY_BYTES = 64 * 1024
 #: How long a client may take to send a request's body once its head is in, before a 408 answer.
 BODY_TIMEOUT_SECONDS = 60.0
 #: How long a client may take to send a request's head (from its first byte), before the connection is
@@ -421,6 +429,10 @@ class RouteTable:
         for route in all_routes:
             self._by_method.setdefault(route.http_method, []).append(route)
 
+    def routes(self) -> list[Route]:
+        """Every route of the table."""
+        return [route for routes in self._by_method.values() for route in routes]
+
     def match(self, http_method: str, raw_path: str) -> tuple[Route, tuple[str, ...]]:
         """The route serving ``http_method raw_path`` and its path variables; NOT_FOUND when none does."""
         for route in self._by_method.get(http_method, ()):
@@ -470,6 +482,9 @@ class RestGateway:
 
         ``client`` (the HTTP client's address) goes along as metadata, for the request log.
         """
+        transform_call = transforms_rest.match(http_method, raw_path)
+        if transform_call is not None:
+            return await self._transform_call(transform_call[1], body, headers, client)
         try:
             route, path_values = self._table.match(http_method, raw_path)
             request = build_request(route, path_values, query, body)
@@ -494,6 +509,32 @@ class RestGateway:
             details = status_details(error.trailing_metadata())
             return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
         return 200, to_json(response)
+
+    async def _transform_call(
+        self, method: str, body: bytes, headers: Mapping[str, str], client: str | None
+    ) -> tuple[int, bytes]:
+        """``validateMessageTransform`` and ``testMessageTransforms`` (see :mod:`.transforms_rest`); a topic
+        or subscription whose transforms are tested is read through the gRPC face."""
+        metadata: list[tuple[str, str]] = []
+        if headers.get("authorization"):
+            metadata.append(("authorization", headers["authorization"]))
+        if client:
+            metadata.append((REST_CLIENT_METADATA, client))
+
+        async def fetch(kind: str, name: str) -> Any:
+            method_name = "GetTopic" if kind == "topic" else "GetSubscription"
+            route = next(route for route in self._table.routes() if route.name == method_name)
+            request = route.request_class(**{kind: name})
+            return await self._callable(route)(request, metadata=tuple(metadata))
+
+        try:
+            code, payload = await transforms_rest.answer(method, body, fetch)
+        except grpc.aio.AioRpcError as error:
+            details = status_details(error.trailing_metadata())
+            return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
+        if code != grpc.StatusCode.OK:
+            return http_status(code), _error_json(code, str(payload))
+        return 200, json.dumps(payload, indent=2).encode()
 
 
 def _server_timeout(header: str | None) -> float | None:
@@ -527,6 +568,7 @@ def http_protocol_factory(
     from aiohttp import web
 
     documents = dict(pages or {})
+    budget = ByteBudget(REST_BODY_BUDGET_BYTES)
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         try:
@@ -551,6 +593,16 @@ def http_protocol_factory(
         if (request.content_length or 0) > MAX_BODY_BYTES:
             # Refused by its declared length, before any of it is read (or asked for, below).
             return _too_large()
+        # Large bodies in memory at once are bounded in bytes: past the budget a request waits here, its
+        # body unread (and, with Expect: 100-continue, not yet asked for), until earlier ones are answered.
+        weight = budget.weight(request.content_length)
+        await budget.acquire(weight)
+        try:
+            return await answer_with_body(request, raw_path)
+        finally:
+            budget.release(weight)
+
+    async def answer_with_body(request: web.BaseRequest, raw_path: str) -> web.StreamResponse:
         if request.version >= (1, 1) and request.headers.get("expect", "").lower() == "100-continue":
             # curl asks before sending a large body and waits a second for this; aiohttp's low-level
             # server leaves the answer to the handler (its web.Application sends it the same way).
@@ -603,6 +655,56 @@ def http_protocol_factory(
         )
 
     return _RestServer(handle, request_factory=make_request, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS)
+
+
+class ByteBudget:
+    """An asyncio semaphore counted in bytes, granted first come, first served."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.available = capacity
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    @staticmethod
+    def weight(content_length: int | None) -> int:
+        """What a body of ``content_length`` bytes (None: unstated) counts for."""
+        if content_length is None:
+            return MAX_BODY_BYTES
+        return 0 if content_length < SMALL_BODY_BYTES else min(content_length, MAX_BODY_BYTES)
+
+    async def acquire(self, size: int) -> None:
+        """Wait until ``size`` bytes (at most the capacity) are free, and take them."""
+        size = min(size, self.capacity)
+        if not size:
+            return
+        if not self._waiting and self.available >= size:
+            self.available -= size
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(size)  # granted just as it was cancelled: give it back
+            else:
+                self._waiting.remove((size, waiter))
+                self._wake()
+            raise
+
+    def release(self, size: int) -> None:
+        """Give back what :meth:`acquire` took."""
+        size = min(size, self.capacity)
+        if size:
+            self.available += size
+            self._wake()
+
+    def _wake(self) -> None:
+        while self._waiting and self._waiting[0][0] <= self.available:
+            size, waiter = self._waiting.popleft()
+            if not waiter.done():
+                self.available -= size
+                waiter.set_result(None)
 
 
 def _too_large() -> Any:

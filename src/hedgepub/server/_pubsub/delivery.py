@@ -29,6 +29,7 @@ subscription reads its backlog from the store only through the page source it is
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from hedgepub.server._pubsub.leases import (
     Pending,
     retry_delay,
 )
+from hedgepub.server._pubsub.transforms import TransformFailed, pipeline_for
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
@@ -60,6 +62,11 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _FRAMING_BYTES = 16
 #: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
 DEFAULT_WINDOW = 500
+#: Seconds before a message a subscription's transforms failed on is tried again, when the subscription
+#: has no retry policy of its own.
+FAILED_TRANSFORM_RETRY_SECONDS = 1.0
+
+logger = logging.getLogger("hedgepub.server")
 
 
 class SubscriptionState:
@@ -257,8 +264,11 @@ class SubscriptionState:
     def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
         """Lease up to ``max_messages`` ready messages to ``consumer``, within one response's size.
 
-        Returns the ``ReceivedMessage`` list and the sequences found past retention (published before
-        ``oldest_kept``, in seconds since the epoch), which the caller acknowledges in the store.
+        Returns the ``ReceivedMessage`` list and the sequences to acknowledge in the store without
+        delivering them: those past retention (published before ``oldest_kept``, in seconds since the
+        epoch) and those the subscription's message transforms filtered out. A message a transform fails
+        on is not delivered: it counts as a delivery attempt that ended unacknowledged (see
+        :meth:`_transform_failed`).
         """
         ready = self.ready
         while not ready:
@@ -266,6 +276,7 @@ class SubscriptionState:
                 return [], []
         leasing = self._leasing
         counted = self.config.HasField("dead_letter_policy")
+        pipeline = pipeline_for(self.config.message_transforms) if self.config.message_transforms else None
         deadline = leasing.clock.now() + consumer.ack_deadline
         out: list[Any] = []
         expired: list[int] = []
@@ -283,8 +294,23 @@ class SubscriptionState:
                 expired.append(pending.sequence)
                 self.finished(pending)
                 continue
+            message = pending.message
+            size = pending.size
+            if pipeline is not None:
+                try:
+                    message = pipeline.apply(message)
+                except TransformFailed as failure:
+                    ready.popleft()
+                    self._transform_failed(pending, failure)
+                    continue
+                if message is None:  # filtered out: acknowledged, as a subscription's filter does
+                    ready.popleft()
+                    expired.append(pending.sequence)
+                    self.finished(pending)
+                    continue
+                size = message.ByteSize()
             ack_id = leasing.new_ack_id()
-            size = pending.size + len(ack_id) + _FRAMING_BYTES
+            size += len(ack_id) + _FRAMING_BYTES
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break
             ready.popleft()
@@ -299,7 +325,7 @@ class SubscriptionState:
             out.append(
                 ReceivedMessage(
                     ack_id=ack_id,
-                    message=pending.message,
+                    message=message,
                     delivery_attempt=pending.attempts if counted else 0,
                 )
             )
@@ -368,6 +394,29 @@ class SubscriptionState:
             self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
         else:
             self.ready.appendleft(pending)
+
+    def _transform_failed(self, pending: Pending, failure: TransformFailed) -> None:
+        """A message the subscription's transforms fail on: one more delivery attempt, ended
+        unacknowledged. It goes to the dead-letter topic once the policy's attempts are spent; otherwise
+        it waits out the retry policy's back-off (:data:`FAILED_TRANSFORM_RETRY_SECONDS` without one, so
+        that a UDF that always fails does not spin) and is tried again."""
+        pending.attempts += 1
+        logger.warning(
+            "Message %s of %s not delivered (attempt %d): %s",
+            pending.message.message_id,
+            self.name,
+            pending.attempts,
+            failure,
+        )
+        policy = self.dead_letter_policy
+        if policy is not None and self._leasing.attempted is not None:
+            self._leasing.attempted(self, pending)
+        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
+            self.forwarding.add(pending)
+            self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+            return
+        delay = retry_delay(self.retry_policy, pending.attempts) or FAILED_TRANSFORM_RETRY_SECONDS
+        self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
 
     def _retry(self, pending: Pending) -> None:
         """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""

@@ -2,7 +2,7 @@
 
 The attempts of one batch are told apart from an unrelated publish by a key they share: hedgepub's
 publisher sends every attempt of a batch (the original, its retries, its hedges) with the same
-``hedgepub-batch-id`` metadata; Google's Java, Go and Rust clients send the same ``publish_start_time``
+``hedgepub-batch-id`` metadata (docs/hedging.md, rule 8); Google's Java, Go and Rust clients send the same ``publish_start_time``
 in the ``x-goog-pubsub-client-telemetry`` header of each attempt, so that the start time and the
 messages themselves make the key (:func:`~hedgepub.server._api.client_telemetry.telemetry_batch_key`;
 a header without a start time makes none). With this opt-in window the local server remembers, for a

@@ -14,11 +14,12 @@ from typing import Any, TypeVar
 from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
-from hedgepub._status import StatusCode
+from hedgepub.server._exports.config import check_exports
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub.filters import compile_filter
-from hedgepub.server._pubsub.limits import ServiceError, invalid, not_found
+from hedgepub.server._pubsub.limits import invalid, not_found
 from hedgepub.server._pubsub.oidc import valid_service_account_email
+from hedgepub.server._pubsub.transforms import check_transforms
 
 Topic: Any = pubsub_types.Topic.pb()
 Subscription: Any = pubsub_types.Subscription.pb()
@@ -68,6 +69,22 @@ def check_topic_fields(topic: Any) -> None:
     limits.check_retention(topic)
     limits.check_labels(topic.labels)
     limits.check_ingestion_settings(topic)
+    check_transforms(topic.message_transforms)
+
+
+#: Topic.State values.
+TOPIC_ACTIVE = 1
+TOPIC_INGESTION_RESOURCE_ERROR = 2
+
+
+def topic_state(topic: Any) -> int:
+    """A topic's output-only ``state``: an ingestion topic's is INGESTION_RESOURCE_ERROR (this server
+    reaches no external source, so nothing is ingested); other topics' stays unspecified, as Google's
+    emulator leaves it."""
+    settings = topic.ingestion_data_source_settings
+    if topic.HasField("ingestion_data_source_settings") and settings.WhichOneof("source") is not None:
+        return TOPIC_INGESTION_RESOURCE_ERROR
+    return 0
 
 
 #: The attribute of ``push_config.attributes`` that names the push format's version; the service fills it
@@ -76,9 +93,9 @@ PUSH_VERSION_ATTRIBUTE = "x-goog-version"
 DEFAULT_PUSH_VERSION = "v1"
 
 
-def check_subscription_fields(config: Any, previous: Any | None = None) -> None:
+def check_subscription_fields(config: Any, previous: Any | None = None, *, buckets: bool = False) -> None:
     """Check a subscription to create or update (``previous``: as it is now), filling in the defaults the
-    service fills in."""
+    service fills in. ``buckets``: whether the server writes Cloud Storage subscriptions' files."""
     if config.ack_deadline_seconds == 0:
         config.ack_deadline_seconds = limits.DEFAULT_ACK_DEADLINE_SECONDS
     limits.check_ack_deadline(config.ack_deadline_seconds, allow_zero=False)
@@ -100,11 +117,8 @@ def check_subscription_fields(config: Any, previous: Any | None = None) -> None:
     if config.push_config.push_endpoint and config.enable_exactly_once_delivery:
         # The real service documents that only pull subscriptions support exactly-once delivery.
         raise invalid("Exactly-once delivery is not supported for push subscriptions.")
-    for kind in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
-        if config.HasField(kind) and getattr(config, kind).ByteSize():
-            raise ServiceError(
-                StatusCode.UNIMPLEMENTED, f"{kind} subscriptions are not supported by this server."
-            )
+    check_transforms(config.message_transforms)
+    check_exports(config, buckets)
     if config.HasField("dead_letter_policy") and config.dead_letter_policy.dead_letter_topic:
         policy = config.dead_letter_policy
         limits.check_topic_name(policy.dead_letter_topic)

@@ -1,0 +1,302 @@
+"""Cloud Storage subscriptions, written to a local directory that stands for the buckets.
+
+``gs://BUCKET/NAME`` is the file ``BUCKETS_DIR/BUCKET/NAME`` (a missing bucket folder is created). One
+:class:`CloudStorageWriter` per Cloud Storage subscription leases its messages (the same leases, ordering,
+transforms and dead-letter policy as Pull) and appends them to the file it has open:
+
+- **Text** (``text_config``): each message's data followed by a newline.
+- **Avro** (``avro_config``): one record per message with ``data`` (bytes); with ``write_metadata`` also
+  ``subscription_name``, ``message_id``, ``publish_time`` (microseconds since the epoch) and
+  ``attributes`` (a map of strings).
+
+A file is closed once it holds ``max_messages`` messages or ``max_bytes`` bytes of messages, or once
+``max_duration`` passed since its first message (5 minutes by default). Its name is ``filename_prefix``,
+the time of its first message in ``filename_datetime_format`` (default ``YYYY-MM-DDThh:mm:ssZ``, UTC), an
+underscore and a random UUID, then ``filename_suffix``.
+
+**Durability.** A file is written under a temporary name (in the bucket's ``.hedgepub-partial`` folder),
+then flushed, ``fsync``-ed and renamed to its final name, and the folder is ``fsync``-ed; only then are its
+messages acknowledged. A server killed at any point loses no acknowledged message: the messages of a
+file not yet renamed are still unacknowledged and are written again after the restart (the partial file
+is removed), so a message may appear twice, never zero times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from hedgepub._clock import Clock
+from hedgepub.server._exports.config import DEFAULT_DATETIME_FORMAT, DEFAULT_MAX_DURATION_SECONDS
+from hedgepub.server._pubsub.delivery import SubscriptionState
+from hedgepub.server._pubsub.leases import MAX_MESSAGES_PER_RESPONSE, Consumer
+from hedgepub.server._pubsub.limits import ServiceError, seconds
+
+__all__ = ["AVRO_SCHEMA", "CloudStorageWriter", "ExportDispatcher", "ExportHost", "file_name"]
+
+logger = logging.getLogger("hedgepub.server")
+
+#: The folder of a bucket that holds files being written (hidden, so listings of the bucket skip it).
+PARTIAL_FOLDER = ".hedgepub-partial"
+#: Leases of messages in an open file last this much longer than the file may stay open.
+LEASE_MARGIN_SECONDS = 60.0
+
+AVRO_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "PubsubMessage",
+    "fields": [
+        {"name": "subscription_name", "type": "string"},
+        {"name": "message_id", "type": "string"},
+        {"name": "publish_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "attributes", "type": {"type": "map", "values": "string"}},
+        {"name": "data", "type": "bytes"},
+    ],
+}
+_AVRO_DATA_ONLY: dict[str, Any] = {
+    "type": "record",
+    "name": "PubsubMessage",
+    "fields": [{"name": "data", "type": "bytes"}],
+}
+
+_DATETIME_FIELD = re.compile(r"YYYY|MM|DD|hh|mm|ss")
+_STRFTIME = {"YYYY": "%Y", "MM": "%m", "DD": "%d", "hh": "%H", "mm": "%M", "ss": "%S"}
+
+
+class ExportHost(Protocol):
+    """What a writer needs from the core."""
+
+    def export_state(self, subscription: str) -> SubscriptionState | None:
+        """The delivery state while it is a live Cloud Storage subscription, else ``None``."""
+
+    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease up to ``max_messages`` ready messages to ``consumer`` (``ReceivedMessage`` list)."""
+
+    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> Any:
+        """Acknowledge (durably)."""
+
+
+def file_name(storage: Any, when: datetime.datetime, unique: str) -> str:
+    """The object name of a file begun at ``when`` (UTC) under ``storage`` (a ``CloudStorageConfig``)."""
+    pattern = storage.filename_datetime_format or DEFAULT_DATETIME_FORMAT
+    stamp = _DATETIME_FIELD.sub(lambda match: when.strftime(_STRFTIME[match.group(0)]), pattern)
+    return f"{storage.filename_prefix}{stamp}_{unique}{storage.filename_suffix}"
+
+
+class _OpenFile:
+    """The file a writer is filling: its temporary path, what it holds, and the leases to acknowledge."""
+
+    def __init__(
+        self, bucket: Path, subscription_id: str, config: Any, opened: float, now_utc: datetime.datetime
+    ):
+        self.unique = uuid.uuid4().hex
+        partial = bucket / PARTIAL_FOLDER
+        partial.mkdir(parents=True, exist_ok=True)
+        self.temporary = partial / f"{subscription_id}-{self.unique}"
+        self.final = bucket / file_name(config.cloud_storage_config, now_utc, self.unique)
+        self.opened = opened
+        self.ack_ids: list[str] = []
+        self.bytes = 0
+        self._stream: IO[bytes] = open(self.temporary, "wb")  # noqa: SIM115 (closed in finish/abandon)
+        storage = config.cloud_storage_config
+        self._avro: Any = None
+        self._subscription = config.name
+        self._metadata = storage.avro_config.write_metadata
+        if storage.HasField("avro_config"):
+            import fastavro
+
+            schema = fastavro.parse_schema(AVRO_SCHEMA if self._metadata else _AVRO_DATA_ONLY)
+            self._avro = fastavro.write.Writer(self._stream, schema)
+
+    def write(self, received: Any) -> None:
+        message = received.message
+        data = bytes(message.data)
+        if self._avro is None:
+            self._stream.write(data + b"\n")
+            self.bytes += len(data) + 1
+        else:
+            record: dict[str, Any] = {"data": data}
+            if self._metadata:
+                publish = message.publish_time
+                record.update(
+                    subscription_name=self._subscription,
+                    message_id=message.message_id,
+                    publish_time=publish.seconds * 1_000_000 + publish.nanos // 1000,
+                    attributes=dict(message.attributes),
+                )
+            self._avro.write(record)
+            self.bytes += len(data)
+        self.ack_ids.append(received.ack_id)
+
+    def finish(self) -> None:
+        """Make the file durable under its final name (blocking: run in a thread)."""
+        if self._avro is not None:
+            self._avro.flush()
+        self._stream.flush()
+        os.fsync(self._stream.fileno())
+        self._stream.close()
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self.temporary, self.final)
+        for folder in {self.final.parent, self.temporary.parent}:
+            descriptor = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+
+    def abandon(self) -> None:
+        self._stream.close()
+        with contextlib.suppress(OSError):
+            self.temporary.unlink()
+
+
+class CloudStorageWriter:
+    """Writes one Cloud Storage subscription's messages to files until stopped."""
+
+    def __init__(self, host: ExportHost, subscription: str, buckets_dir: Path, clock: Clock) -> None:
+        self.host = host
+        self.subscription = subscription
+        self.buckets_dir = buckets_dir
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._file: _OpenFile | None = None
+        #: Files written and messages acknowledged so far.
+        self.files = 0
+        self.written = 0
+
+    def start(self) -> None:
+        """Start the loop on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        """Stop; a file not yet finished is dropped (its messages stay unacknowledged)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._file is not None:
+            self._file.abandon()
+            self._file = None
+
+    def _bucket(self, config: Any) -> Path:
+        return self.buckets_dir / config.cloud_storage_config.bucket
+
+    def _remove_partial_files(self, config: Any) -> None:
+        """Files a killed server left half written: their messages were never acknowledged."""
+        subscription_id = config.name.rsplit("/", 1)[-1]
+        partial = self._bucket(config) / PARTIAL_FOLDER
+        if partial.is_dir():
+            for path in partial.glob(f"{subscription_id}-*"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    async def _run(self) -> None:
+        state = self.host.export_state(self.subscription)
+        if state is None:
+            return
+        await asyncio.to_thread(self._remove_partial_files, state.config)
+        consumer = Consumer(DEFAULT_MAX_DURATION_SECONDS + LEASE_MARGIN_SECONDS)
+        while True:
+            try:
+                if not await self._step(consumer):
+                    return
+            except Exception:  # not CancelledError: stop() ends the loop
+                logger.exception(
+                    "Writing %s to Cloud Storage files failed; retrying in 1 s.", self.subscription
+                )
+                if self._file is not None:
+                    self._file.abandon()  # its leases run out and the messages come again
+                    self._file = None
+                await self._clock.sleep(1.0)
+
+    async def _step(self, consumer: Consumer) -> bool:
+        state = self.host.export_state(self.subscription)
+        if state is None:
+            return False
+        storage = state.config.cloud_storage_config
+        max_duration = seconds(storage.max_duration) or DEFAULT_MAX_DURATION_SECONDS
+        consumer.ack_deadline = max_duration + LEASE_MARGIN_SECONDS
+        now = self._clock.now()
+        current = self._file
+        if current is not None and now - current.opened >= max_duration:
+            await self._finish()
+            return True
+        batch = self.host.lease(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+        if not batch:
+            timeout = None if current is None else max(0.0, current.opened + max_duration - now)
+            await state.wait_changed(timeout)
+            return True
+        for received in batch:
+            if self._file is None:
+                bucket = self._bucket(state.config)
+                subscription_id = state.config.name.rsplit("/", 1)[-1]
+                utc = datetime.datetime.now(datetime.timezone.utc)
+                self._file = await asyncio.to_thread(
+                    _OpenFile, bucket, subscription_id, state.config, self._clock.now(), utc
+                )
+            self._file.write(received)
+            full = (storage.max_messages and len(self._file.ack_ids) >= storage.max_messages) or (
+                storage.max_bytes and self._file.bytes >= storage.max_bytes
+            )
+            if full:
+                await self._finish()
+        return True
+
+    async def _finish(self) -> None:
+        """Make the open file durable, then acknowledge its messages."""
+        current, self._file = self._file, None
+        if current is None:
+            return
+        try:
+            await asyncio.to_thread(current.finish)
+        except BaseException:
+            current.abandon()
+            raise
+        self.files += 1
+        try:
+            await self.host.acknowledge(self.subscription, current.ack_ids)
+        except ServiceError:  # deleted or detached meanwhile: the file stays, as the service's would
+            return
+        self.written += len(current.ack_ids)
+
+    def __repr__(self) -> str:
+        return f"CloudStorageWriter({self.subscription!r}, files={self.files}, written={self.written})"
+
+
+class ExportDispatcher:
+    """Starts and stops one :class:`CloudStorageWriter` per Cloud Storage subscription."""
+
+    def __init__(self, host: ExportHost, clock: Clock, buckets_dir: str | os.PathLike[str] | None) -> None:
+        self.host = host
+        self._clock = clock
+        self.buckets_dir = Path(buckets_dir) if buckets_dir is not None else None
+        self.writers: dict[str, CloudStorageWriter] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def sync(self, subscription: str) -> None:
+        """Run a writer for ``subscription`` exactly while it is a live Cloud Storage subscription."""
+        writer = self.writers.get(subscription)
+        if self.buckets_dir is None or self.host.export_state(subscription) is None:
+            if writer is not None:
+                del self.writers[subscription]
+                stopping = asyncio.ensure_future(writer.stop())
+                self._stopping.add(stopping)
+                stopping.add_done_callback(self._stopping.discard)
+            return
+        if writer is None:
+            writer = CloudStorageWriter(self.host, subscription, self.buckets_dir, self._clock)
+            self.writers[subscription] = writer
+            writer.start()
+
+    async def close(self) -> None:
+        """Stop every writer."""
+        writers, self.writers = list(self.writers.values()), {}
+        await asyncio.gather(*(writer.stop() for writer in writers), *self._stopping, return_exceptions=True)
