@@ -414,6 +414,7 @@ class LocalServer:
         rest: bool = True,
         relay: str = "process",
         relay_cpu: int | str | None = None,
+        buckets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
@@ -433,6 +434,7 @@ class LocalServer:
                 rest=rest,
                 relay=relay,
                 relay_cpu=relay_cpu,
+                buckets_dir=buckets_dir,
             )
         )
         self._loop: asyncio.AbstractEventLoop | None = None
