@@ -116,7 +116,7 @@ DOCUMENTED = frozenset(
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{
         method: frozenset({grpc.StatusCode.UNIMPLEMENTED})
-        for method in ("CreateSubscription", "UpdateSubscription")
+        for method in ("CreateSubscription", "UpdateSubscription", "CreateTopic", "UpdateTopic")
     },
     "SetIamPolicy": frozenset({grpc.StatusCode.ABORTED}),
 }
