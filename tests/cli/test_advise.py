@@ -276,6 +276,7 @@ def test_the_advise_command_prints_the_frontier_and_code_and_writes_files(
     assert ".setHedgingSettings(hedgingSettings)" in result.output and "set_hedging_options" in result.output
     advice = json.loads((out / "advice.json").read_text())
     assert advice["model"] == "trace" and advice["input"]["publishes"] == 800
+    assert advice["settings"]["passes"] == 2  # the steady state: the bucket as a first pass left it
     assert len(advice["predictions"]) == 1 + 2 * 2 + 2
     assert advice["recommended"]["name"] == "fixed-100ms/10/0.1"
     assert (out / "frontier.png").read_bytes().startswith(PNG_SIGNATURE)

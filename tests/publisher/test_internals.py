@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hedgepub import AsyncPublisherClient, PublisherClient, PublishError, ResponseMismatchError
+from hedgepub import AsyncPublisherClient, BatchSettings, PublisherClient, PublishError, ResponseMismatchError
 from hedgepub._publisher.batch import request_overhead
-from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
 from hedgepub._publisher.observer import BatchObservers
 from hedgepub._transport.grpc import PublishRequestPb, PubsubMessagePb
 from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
@@ -42,7 +42,7 @@ def test_computed_sizes_match_the_wire(data: bytes, ordering_key: str, attribute
 
 @pytest.mark.parametrize("shared_condition", [True, False], ids=["batch-futures", "plain-futures"])
 def test_batch_futures_behave_as_concurrent_futures(shared_condition: bool) -> None:
-    condition = threading.Condition() if shared_condition else None
+    condition = BatchCondition() if shared_condition else None
 
     def new_future() -> concurrent.futures.Future[str]:
         return BatchFuture(condition) if condition is not None else concurrent.futures.Future()
@@ -69,6 +69,59 @@ def test_batch_futures_behave_as_concurrent_futures(shared_condition: bool) -> N
         resolve_batch(failing, condition, error=PublishError("boom"))
         assert not first_failure.result(timeout=5).not_done
     assert all(isinstance(f.exception(), PublishError) for f in failing)
+
+
+def test_batch_futures_wake_waiters_registered_before_and_after_resolution() -> None:
+    condition = BatchCondition()
+    futures = [BatchFuture(condition) for _ in range(6)]
+    completed: list[str] = []
+    # A waiter on a future in the middle of the batch, another on two of its futures, before resolution.
+    waiting = threading.Thread(target=lambda: completed.append(futures[2].result(timeout=5)))
+    waiting.start()
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        in_order = executor.submit(
+            lambda: [f.result() for f in concurrent.futures.as_completed(futures[3:5], 5)]
+        )
+        while not futures[3].__dict__.get("_waiters"):  # as_completed has installed its waiter
+            threading.Event().wait(0.001)
+        callbacks: list[str] = []
+        futures[5].add_done_callback(lambda future: callbacks.append(future.result()))
+        assert futures[1].cancel()
+        resolve_batch(futures, condition, message_ids=[str(n) for n in range(6)])
+        waiting.join(5)
+        assert sorted(in_order.result(timeout=5)) == ["3", "4"]
+    assert completed == ["2"] and callbacks == ["5"]
+    assert futures[1].cancelled() and [f.result() for f in futures if not f.cancelled()] == [
+        "0",
+        "2",
+        "3",
+        "4",
+        "5",
+    ]
+    late: list[str] = []
+    futures[0].add_done_callback(lambda future: late.append(future.result()))  # done: runs at once
+    assert late == ["0"]
+
+
+@pytest.mark.parametrize(
+    "length", [0, 1, 125, 126, 127, 128, 129, 16_365, 16_366, 16_367, 16_368, 16_383, 16_384, 70_000]
+)
+def test_plain_messages_are_sized_as_on_the_wire(length: int) -> None:
+    # Payloads around the lengths where the message's and the framed message's length prefixes grow,
+    # published without attributes (the sync client's fast path below 16 KiB) between messages with
+    # attributes: the batch's byte count is the request's, and the order is kept.
+    transport = ScriptedTransport()
+    settings_ = BatchSettings(max_messages=1000, max_latency=60)
+    with PublisherClient(transport=transport, batch_settings=settings_) as publisher:
+        payloads = [bytes([n]) * length for n in range(3)]
+        futures = [publisher.publish(TOPIC, payloads[0]), publisher.publish(TOPIC, payloads[1])]
+        futures.append(publisher.publish(TOPIC, payloads[2], kind="attributed"))
+        futures.append(publisher.publish(TOPIC, payloads[0]))
+        (batch,) = publisher._core._open.values()
+        assert batch.byte_size == batch.request.ByteSize()
+    assert [f.result() for f in futures] == ["0", "1", "2", "3"]
+    (call,) = transport.calls
+    assert [m.data for m in call.request.messages] == [payloads[0], payloads[1], payloads[2], payloads[0]]
 
 
 def test_a_transport_that_breaks_fails_the_futures() -> None:

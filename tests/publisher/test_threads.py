@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 
 from hedgepub import BatchSettings, PublisherClient
-from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
 from hedgepub.testing.scripted import ScriptedTransport
 
 TOPIC = "projects/test-project/topics/topic"
@@ -134,16 +134,17 @@ def test_ordered_messages_share_one_batch_per_key_across_threads() -> None:
     assert sorted(call.request.topic for call in transport.calls) == [OTHER, TOPIC]
 
 
-def test_a_fresh_batch_future_holds_only_its_condition_until_used() -> None:
-    condition = threading.Condition()
+def test_a_fresh_batch_future_holds_no_lists_until_used() -> None:
+    condition = BatchCondition()
     quiet, watched = BatchFuture(condition), BatchFuture(condition)
-    assert vars(quiet) == {"_condition": condition}
+    assert vars(quiet) == {"_condition": condition, "_state": "PENDING", "_result": None, "_exception": None}
     assert not quiet.done() and not quiet.running() and "pending" in repr(quiet)
     seen: list[str] = []
     watched.add_done_callback(lambda future: seen.append(future.result()))
     resolve_batch([quiet, watched], condition, message_ids=["1", "2"])
     assert (quiet.result(timeout=0), watched.result(timeout=0), seen) == ("1", "2", ["2"])
     assert "_waiters" not in vars(quiet) and "finished" in repr(quiet)
+    assert list(condition.watched) == [watched]  # the only future that got a list
     late: list[str] = []
     quiet.add_done_callback(lambda future: late.append(future.result()))  # runs at once when done
     assert late == ["1"]

@@ -11,6 +11,7 @@ import enum
 import threading
 from typing import Any
 
+from hedgepub._publisher.futures import BatchCondition
 from hedgepub._transport.grpc import PublishRequestPb
 
 
@@ -86,7 +87,7 @@ class Batch:
         self.byte_size = request_overhead(topic)
         self.futures: list[Any] = []
         #: Shared by the batch's futures (see hedgepub._publisher.futures) when they are concurrent futures.
-        self.condition: threading.Condition | None = threading.Condition() if sync_futures else None
+        self.condition: BatchCondition | None = BatchCondition() if sync_futures else None
         #: Bytes held against flow control (released when the batch resolves).
         self.flow_bytes = 0
         self.state = BatchState.OPEN

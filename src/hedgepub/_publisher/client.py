@@ -343,6 +343,10 @@ class PublisherClient(_ClientFacade):
             FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
         """
         core = self._core
+        if core.plain and not attributes and not ordering_key:
+            future = core.add_plain(topic, data)
+            if future is not None:
+                return future  # type: ignore[no-any-return]
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
         if core.flow.enabled:
             core.flow.acquire(size, core.flush_soon)

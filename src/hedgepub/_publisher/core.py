@@ -34,6 +34,7 @@ import itertools
 import logging
 import threading
 from collections import deque
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock, TimerHandle
@@ -41,7 +42,7 @@ from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownT
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._publisher.batch import Batch, BatchState
 from hedgepub._publisher.flow_control import FlowController
-from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
 from hedgepub._publisher.messages import MessagePreparer
 from hedgepub._publisher.observer import BatchObserver
 from hedgepub._publisher.routes import EndpointRoutes
@@ -144,6 +145,8 @@ class _PublisherCore:
         self._id_prefix = id_prefix
         self.telemetry = telemetry
         self._messages = messages
+        #: Whether :meth:`add_plain` may take messages without attributes or ordering key.
+        self.plain = sync_futures and not flow.enabled and messages.idempotency_attribute is None
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
@@ -181,6 +184,50 @@ class _PublisherCore:
         if self.state is not ClientState.OPEN:
             raise RuntimeError(self.refusal)
         return self._messages.prepare(topic, data, ordering_key, attributes)
+
+    def add_plain(self, topic: str, data: bytes) -> Any:
+        """The sync client's fast path for a message of ``data`` alone (no attributes, no ordering key):
+        put it into this thread's open batch and return its future, or ``None`` if this path does not
+        apply (the publisher is not open, a type is wrong, the payload is 16 KiB or more, there is no
+        open batch or it has no room), having changed nothing: then ``prepare`` and ``add`` take it.
+
+        Only for a publisher whose ``plain`` is true (sync futures, no flow control, no idempotency
+        keys). It is ``prepare``, ``add``, ``_append`` and ``_put`` in one call: at about a hundred
+        thousand messages a second, each Python call saved is a few percent.
+        """
+        if self.state is not ClientState.OPEN or type(data) is not bytes or type(topic) is not str:
+            return None
+        # The message's size on the wire (field tag, length, data) and framed in the request: a payload
+        # below 16 KiB has a length of one or two bytes, and so has the message in the request.
+        length = len(data)
+        if length < 0x80:
+            size = length + 2 if length else 0
+        elif length < 0x3FF0:
+            size = length + 3
+        else:
+            return None
+        framed = size + 2 if size < 0x80 else size + 3
+        batch = self._open.get((topic, "", get_ident()))
+        if batch is None:
+            return None
+        lock = batch.lock
+        lock.acquire()
+        try:
+            if batch.state is not BatchState.OPEN or batch.byte_size + framed > self._max_bytes:
+                return None
+            batch.add_message(data=data)
+            batch.byte_size += framed
+            future = BatchFuture(batch.condition)
+            futures = batch.futures
+            futures.append(future)
+            if len(futures) < self._max_messages and batch.byte_size < self._max_bytes:
+                return future
+            self._seal_held(batch)
+        finally:
+            lock.release()
+        if self._wakeup_needed():
+            self._wake_loop()
+        return future
 
     def add(self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int) -> Any:
         """Put one validated message into its open batch and return its future."""
@@ -527,7 +574,7 @@ class _PublisherCore:
             batch.state = BatchState.DONE
             batch.lock = threading.Lock()
             if batch.condition is not None:
-                batch.condition = threading.Condition()
+                batch.condition = BatchCondition()
                 for future in batch.futures:
                     future._condition = batch.condition
             resolve_batch(batch.futures, batch.condition, error=error)

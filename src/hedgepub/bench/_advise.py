@@ -585,11 +585,12 @@ def advise(
     rate: float | None = None,
     seed: int = 1,
     retry: RetrySettings | None = None,
+    passes: int = 2,
 ) -> Advice:
     """Predict every candidate and pick the recommendation (see :func:`recommend`)."""
     source_model = _LatencySource(samples, model, rate or samples.rate() or DEFAULT_RATE, seed).model
     predictions = [
-        replay(samples, c.hedging, retry=retry, model=model, rate=rate, seed=seed, name=c.name)
+        replay(samples, c.hedging, retry=retry, model=model, rate=rate, seed=seed, passes=passes, name=c.name)
         for c in candidates
     ]
     fixed = [p for p in predictions if not p.delay.startswith("adaptive")]
@@ -600,7 +601,7 @@ def advise(
         recommended=recommend(predictions, max_extra_rpcs),
         recommended_fixed=recommend(fixed, max_extra_rpcs),
         max_extra_rpcs=max_extra_rpcs,
-        settings={"rate": rate or samples.rate() or DEFAULT_RATE, "seed": seed},
+        settings={"rate": rate or samples.rate() or DEFAULT_RATE, "seed": seed, "passes": passes},
     )
 
 

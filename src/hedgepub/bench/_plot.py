@@ -280,7 +280,10 @@ def plot_frontier(
                 axes.scatter([p.extra_rpcs * 100], [p.p99_ms], s=180, facecolors="none", edgecolors="black",
                              linewidths=1.6, zorder=5, label=f"recommended: {p.name}")  # fmt: skip
         axes.set_yscale("log")
-        axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda ms, _: f"{ms:g} ms"))
+        # log-scale minor ticks get labels too when the range is short: the same plain "800 ms" for both
+        milliseconds = matplotlib.ticker.FuncFormatter(lambda ms, _: f"{ms:g} ms")
+        axes.yaxis.set_major_formatter(milliseconds)
+        axes.yaxis.set_minor_formatter(milliseconds)
         axes.set_xlabel("extra RPCs per publish (%)")
         axes.set_ylabel("predicted p99 latency (log scale)")
         axes.grid(True, which="major", alpha=0.35)

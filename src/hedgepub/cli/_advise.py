@@ -146,6 +146,14 @@ def _table(advice: Advice, shown: list[Prediction]) -> Table:
     help="Publishes per second of the replay's schedule when the input has no send times  [default: 40]",
 )
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds the replay's draws.")
+@click.option(
+    "--passes",
+    type=click.IntRange(1, 10),
+    default=2,
+    show_default=True,
+    help="Play the schedule this many times in a row, from a full bucket, and report the last: 2 predicts "
+    "the steady state; 1 replays exactly what a bench run did.",
+)
 @click.option("--all", "show_all", is_flag=True, help="Show every setting tried, not only the frontier.")
 @click.option(
     "--out",
@@ -167,6 +175,7 @@ def advise_command(
     model: str,
     rate: float | None,
     seed: int,
+    passes: int,
     show_all: bool,
     out_dir: Path,
 ) -> None:
@@ -205,6 +214,7 @@ def advise_command(
             model=model,  # type: ignore[arg-type]  # click.Choice checked it
             rate=rate,
             seed=seed,
+            passes=passes,
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from None

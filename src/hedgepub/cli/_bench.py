@@ -458,25 +458,7 @@ def _write_outputs(console: Console, config: BenchConfig, run: BenchRun, out_dir
     print_report(run.document, console)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = write_results_json(run.document, out_dir / "results.json")
-    target = run.document["config"].get("target")
-    if target is not None:
-        title = f"Publish latency on {target['topic']}: unhedged vs hedged"
-        subtitle = (
-            f"endpoint {target['endpoint'] or 'default'}; hedge delays {_delay_text(config.hedge_delays)}; "
-            f"{config.messages:,} publishes each at {config.rate:g}/s"
-        )
-    elif config.scenario == "correlated-stalls":
-        title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"
-        subtitle = (
-            f"primary stalls {config.stall}; hedge delay {_delay_text(config.hedge_delays)}; "
-            f"{config.messages:,} publishes each at {config.rate:g}/s"
-        )
-    else:
-        title = "Publish latency: unhedged vs hedged"
-        subtitle = (
-            f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
-            f"{config.messages:,} publishes each at {config.rate:g}/s"
-        )
+    title, subtitle = plot_titles(run.document, config)
     plot_path = plot_latency_cdf(
         run.latencies_ms,
         out_dir / PLOT_FILES[config.scenario],
@@ -500,6 +482,43 @@ def _write_outputs(console: Console, config: BenchConfig, run: BenchRun, out_dir
         )
         sys.exit(EXIT_INTERRUPTED)
     console.print(f"wrote {json_path} and {plot_path}")
+
+
+def plot_titles(document: dict[str, Any], config: BenchConfig) -> tuple[str, str]:
+    """The plot's title and subtitle for a run of ``config``."""
+    target = document["config"].get("target")
+    workload = f"{config.messages:,} publishes each at {config.rate:g}/s"
+    if config.scenario == "reference":
+        where = (
+            f"the latency of {target['endpoint'] or 'the default endpoint'}"
+            if target
+            else f"{config.mix} on the bench's server"
+        )
+        title = "The Go and Rust hedging benchmarks' workload: unhedged vs hedged"
+        subtitle = (
+            f"{where}; {config.message_size:,}-byte messages; hedge delay "
+            f"{_delay_text(config.hedge_delays)}, {config.max_tokens} tokens, "
+            f"refill {config.refill_ratio:g}; {workload} after {config.warmup_seconds:g} s of warm-up"
+        )
+    elif target is not None:
+        title = f"Publish latency on {target['topic']}: unhedged vs hedged"
+        subtitle = (
+            f"endpoint {target['endpoint'] or 'default'}; hedge delays {_delay_text(config.hedge_delays)}; "
+            f"{workload}"
+        )
+    elif config.scenario == "correlated-stalls":
+        title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"
+        subtitle = (
+            f"primary stalls {config.stall}; hedge delay {_delay_text(config.hedge_delays)}; "
+            f"{config.messages:,} publishes each at {config.rate:g}/s"
+        )
+    else:
+        title = "Publish latency: unhedged vs hedged"
+        subtitle = (
+            f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
+            f"{config.messages:,} publishes each at {config.rate:g}/s"
+        )
+    return title, subtitle
 
 
 def _estimate(config: BenchConfig) -> tuple[int, int, int]:

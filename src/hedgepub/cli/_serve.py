@@ -130,6 +130,13 @@ _FAULT_HELP = (
     help="The CPU the relay process keeps to, or 'any' to leave it to the scheduler.  [default: the last "
     "CPU the server may use, measured best: the server's busy thread then runs on another]",
 )
+@click.option(
+    "--buckets-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A directory standing for Cloud Storage: a Cloud Storage subscription of bucket B writes its files "
+    "in DIR/B. Without it, Cloud Storage subscriptions are refused.",
+)
 def serve(
     host: str,
     port: int,
@@ -147,6 +154,7 @@ def serve(
     rest: bool,
     relay: str,
     relay_cpu: str | None,
+    buckets_dir: Path | None,
 ) -> None:
     """Run the local Pub/Sub server (durable on SQLite) until Ctrl-C or SIGTERM.
 
@@ -190,6 +198,7 @@ def serve(
         rest=rest,
         relay=relay,
         relay_cpu=_relay_cpu(relay_cpu),
+        buckets_dir=buckets_dir,
     )
 
     announced = False

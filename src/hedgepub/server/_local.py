@@ -261,6 +261,7 @@ class AsyncLocalServer:
             clock=options.clock,
             window=options.window,
             push_tokens=tokens,
+            buckets_dir=options.buckets_dir,
             policies=policies,
             may_forward=may_forward,
         )
@@ -408,6 +409,7 @@ class LocalServer:
         rest: bool = True,
         relay: str = "process",
         relay_cpu: int | str | None = None,
+        buckets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
@@ -427,6 +429,7 @@ class LocalServer:
                 rest=rest,
                 relay=relay,
                 relay_cpu=relay_cpu,
+                buckets_dir=buckets_dir,
             )
         )
         self._loop: asyncio.AbstractEventLoop | None = None

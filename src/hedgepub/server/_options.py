@@ -68,6 +68,10 @@ class ServerOptions:
     #: messages/s with REST off, against 0.88-0.90x with the relay left free, on 2 cores
     #: (``benchmarks/rest_front.py``). A CPU it cannot keep to is said on stderr and left free.
     relay_cpu: int | str | None = None
+    #: A directory standing for Cloud Storage: a Cloud Storage subscription of bucket ``B`` writes its files
+    #: in ``buckets_dir/B`` (created when missing). Without it, Cloud Storage subscriptions are refused
+    #: (``hedgepub serve --buckets-dir``).
+    buckets_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

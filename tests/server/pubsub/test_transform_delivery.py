@@ -229,3 +229,67 @@ def test_invalid_transforms_are_refused_at_create_and_update(
                 "update_mask": field_mask_pb2.FieldMask(paths=["message_transforms"]),
             }
         )
+
+
+def test_topic_transforms_run_at_publish(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    publisher.create_topic(
+        request={
+            "name": TOPIC,
+            "message_transforms": [udf(ONLY_ADULTS, "onlyAdults"), udf(REDACT, "redactSSN")],
+        }
+    )
+    subscriber.create_subscription(name=PLAIN, topic=TOPIC)
+    ids = [publisher.publish(TOPIC, person(name, age)).result(10) for name, age in [("ana", 30), ("bo", 9)]]
+    assert len(set(ids)) == 2  # the filtered message gets an ID too
+    # Stored as transformed: the child was never stored, and no subscription gets the SSN.
+    stored = server.messages(TOPIC)
+    assert [json.loads(m.data) for m in stored] == [{"name": "ana", "age": 30}]
+    (received,) = pull_all(subscriber, PLAIN, 1)
+    assert json.loads(received.message.data) == {"name": "ana", "age": 30}
+    assert received.message.message_id == ids[0]
+
+
+def test_a_failing_or_endless_topic_udf_fails_the_publish(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    publisher.create_topic(request={"name": TOPIC, "message_transforms": [udf(FAILS, "fails")]})
+    subscriber.create_subscription(name=PLAIN, topic=TOPIC)
+    for attributes in ({"bad": "x"}, {"spin": "1"}):
+        with pytest.raises(exceptions.InvalidArgument, match="fails threw"):
+            publisher.publish(TOPIC, b"payload", **attributes).result(10)
+    publisher.publish(TOPIC, b"fine", ok="1").result(10)
+    assert [m.data for m in server.messages(TOPIC)] == [b"fine"]
+
+
+def test_zlib_round_trip_topic_compresses_subscription_decompresses(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
+) -> None:
+    zlib_mode = lambda mode: {"compression": {"compression_algorithm": "ZLIB", "compression_mode": mode}}  # noqa: E731
+    publisher.create_topic(request={"name": TOPIC, "message_transforms": [zlib_mode("COMPRESS")]})
+    subscriber.create_subscription(
+        request={"name": REDACTED, "topic": TOPIC, "message_transforms": [zlib_mode("DECOMPRESS")]}
+    )
+    subscriber.create_subscription(name=PLAIN, topic=TOPIC)
+    data = b"a line of text that compresses well\n" * 200
+    publisher.publish(TOPIC, data).result(10)
+    (stored,) = server.messages(TOPIC)
+    assert len(stored.data) < len(data) and zlib.decompress(stored.data) == data
+    assert pull_all(subscriber, REDACTED, 1)[0].message.data == data
+    assert zlib.decompress(pull_all(subscriber, PLAIN, 1)[0].message.data) == data
+
+
+def test_an_ingestion_topic_reports_its_state(
+    server: LocalServer, publisher: pubsub_v1.PublisherClient
+) -> None:
+    created = publisher.create_topic(
+        request={
+            "name": TOPIC,
+            "ingestion_data_source_settings": {"cloud_storage": {"bucket": "b", "text_format": {}}},
+        }
+    )
+    assert created.state == pubsub_v1.types.Topic.State.INGESTION_RESOURCE_ERROR
+    assert publisher.get_topic(topic=TOPIC).state == pubsub_v1.types.Topic.State.INGESTION_RESOURCE_ERROR
+    publisher.create_topic(name=PLAIN.replace("subscriptions", "topics"))
+    assert publisher.get_topic(topic=PLAIN.replace("subscriptions", "topics")).state == 0

@@ -88,7 +88,20 @@ class Consumers:
                 StatusCode.FAILED_PRECONDITION,
                 "This method is not supported for push subscriptions with a defined push configuration.",
             )
+        if state.config.HasField("cloud_storage_config"):
+            raise ServiceError(
+                StatusCode.FAILED_PRECONDITION,
+                "This method is not supported for Cloud Storage subscriptions: their messages are written "
+                "to files.",
+            )
         return state
+
+    def export_state(self, subscription: str) -> SubscriptionState | None:
+        """The delivery state of a live, attached Cloud Storage subscription (``None`` for anything else)."""
+        state = self._subscriptions.get(subscription)
+        if state is None or state.deleted or state.config.detached:
+            return None
+        return state if state.config.HasField("cloud_storage_config") else None
 
     def push_state(self, subscription: str) -> SubscriptionState | None:
         """The delivery state of a live, attached push subscription (``None`` for anything else)."""

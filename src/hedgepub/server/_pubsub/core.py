@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
+from hedgepub.server._exports.cloud_storage import ExportDispatcher
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
 from hedgepub.server._pubsub.consumers import Consumers
@@ -53,6 +55,8 @@ class PubSubCore:
     to test retention without waiting for it. ``window`` is how many ready messages each subscription
     holds in memory; the rest of its backlog is read from the store in pages as it drains.
     ``push_tokens`` signs push requests' OIDC tokens (default: a key made in memory when first needed).
+    ``buckets_dir`` stands for Cloud Storage: Cloud Storage subscriptions write their files under it
+    (without it they are refused).
     ``policies`` holds the IAM policies (default: a new table on ``store``; IAM enforcement reads the
     one it is given). ``may_forward(subscription, topic)`` says whether the service may forward to a
     dead-letter topic (IAM enforcement: the topic must grant its forwarding identity publishing);
@@ -67,6 +71,7 @@ class PubSubCore:
         *,
         window: int = DEFAULT_WINDOW,
         push_tokens: PushTokenSigner | None = None,
+        buckets_dir: str | os.PathLike[str] | None = None,
         policies: IamPolicies | None = None,
         may_forward: Callable[[str, str], bool] | None = None,
     ) -> None:
@@ -119,6 +124,8 @@ class PubSubCore:
         )
         #: One push worker per push subscription (started and stopped as subscriptions change).
         self.push = PushDispatcher(self.consumers, clock, push_tokens)
+        #: One Cloud Storage writer per Cloud Storage subscription, into ``buckets_dir`` (none without it).
+        self.exports = ExportDispatcher(self.consumers, clock, buckets_dir)
 
     # ----------------------------------------------------------------- lifecycle
     def load(self, snapshot: Snapshot | None = None) -> None:
@@ -150,7 +157,12 @@ class PubSubCore:
         for name, state in self._subscriptions.items():
             if state.config.enable_exactly_once_delivery and not state.config.detached:
                 self.consumers.restore_leases(state)
-            self.push.sync(name)
+            self._sync_delivery(name)
+
+    def _sync_delivery(self, name: str) -> None:
+        """Start or stop the push worker and Cloud Storage writer of ``name`` after it changed."""
+        self.push.sync(name)
+        self.exports.sync(name)
 
     @staticmethod
     def _idle_seconds(active_ns: int | None, now_ns: int) -> float:
@@ -186,6 +198,7 @@ class PubSubCore:
     async def close(self) -> None:
         """Stop push delivery, timers and background work, and close the store."""
         await self.push.close()
+        await self.exports.close()
         self.consumers.leasing.close()
         self._expiration.close()
         self.replay.close()
@@ -203,6 +216,7 @@ class PubSubCore:
     async def clear(self) -> None:
         """Delete every topic, subscription, policy and message."""
         await self.push.close()
+        await self.exports.close()
         for state in self._subscriptions.values():
             state.close()
         self._topics.clear()
@@ -245,7 +259,7 @@ class PubSubCore:
         resources.check_topic_fields(request)
         if request.HasField("schema_settings"):
             self.schemas.check_settings(request.schema_settings)
-        topic = resources.copy_with(request, state=0)
+        topic = resources.copy_with(request, state=resources.topic_state(request))
         await self._store.put("topics", name, topic)
         if name in self._topics:  # created concurrently while we waited for the store
             raise limits.already_exists(name)
@@ -265,6 +279,7 @@ class PubSubCore:
         current = self._topic(update.name)
         updated = resources.masked_update("Topic", current, update, paths, resources.TOPIC_UPDATABLE)
         resources.check_topic_fields(updated)
+        updated.state = resources.topic_state(updated)
         if updated.HasField("schema_settings") and updated.schema_settings != current.schema_settings:
             self.schemas.check_settings(updated.schema_settings)
         await self._store.put("topics", updated.name, updated)
@@ -311,7 +326,7 @@ class PubSubCore:
             after = page[-1][0]
             await self._store.ack(name, [sequence for sequence, _ in page])
         state.notify()
-        self.push.sync(name)
+        self._sync_delivery(name)
 
     # ----------------------------------------------------------------- publish (see _publishing)
     async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
@@ -343,7 +358,7 @@ class PubSubCore:
             raise limits.already_exists(name)
         config = resources.copy_with(request, detached=False, state=0)
         config.ClearField("topic_message_retention_duration")  # output only: shown from the topic
-        resources.check_subscription_fields(config)
+        resources.check_subscription_fields(config, buckets=self.exports.buckets_dir is not None)
         await self._store.put("subscriptions", name, config)
         if name in self._subscriptions:
             raise limits.already_exists(name)
@@ -355,7 +370,7 @@ class PubSubCore:
         self._attached.setdefault(config.topic, {})[name] = state
         self._expiration.watch(config)
         await self.replay.subscription_changed(config)
-        self.push.sync(name)
+        self._sync_delivery(name)
         return self._shown(config)
 
     def get_subscription(self, name: str) -> Any:
@@ -378,12 +393,14 @@ class PubSubCore:
         config = resources.masked_update(
             "Subscription", state.config, update, paths, resources.SUBSCRIPTION_UPDATABLE
         )
-        resources.check_subscription_fields(config, state.config)
+        resources.check_subscription_fields(
+            config, state.config, buckets=self.exports.buckets_dir is not None
+        )
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
         await self.replay.subscription_changed(config)
-        self.push.sync(config.name)  # push_config may have switched it between push and pull
+        self._sync_delivery(config.name)  # push_config may have switched it between push and pull
         return self._shown(config)
 
     async def modify_push_config(self, name: str, push_config: Any) -> None:
@@ -391,10 +408,12 @@ class PubSubCore:
         state = self._subscription(name)
         config = resources.copy_with(state.config)
         config.push_config.CopyFrom(push_config)
-        resources.check_subscription_fields(config, state.config)
+        resources.check_subscription_fields(
+            config, state.config, buckets=self.exports.buckets_dir is not None
+        )
         await self._store.put("subscriptions", name, config)
         state.config = config
-        self.push.sync(name)
+        self._sync_delivery(name)
 
     def list_subscriptions(self, project: str, page_size: int, page_token: str) -> tuple[list[Any], str]:
         """ListSubscriptions: one page of the project's subscriptions, sorted by name."""
@@ -415,7 +434,7 @@ class PubSubCore:
             self._expiration.forget(name)
             state.drain()
             state.close()
-            self.push.sync(name)
+            self._sync_delivery(name)
 
     async def seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
         """Seek to a time (ns since the epoch) or to a snapshot (see :mod:`.replay`); it is activity."""

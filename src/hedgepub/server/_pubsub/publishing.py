@@ -1,5 +1,8 @@
-"""Publishing: check a Publish request, stamp it against its topic's schema, number its messages, make
-them durable and fan them out to the topic's subscriptions.
+"""Publishing: check a Publish request, apply its topic's message transforms, stamp it against the
+topic's schema, number its messages, make them durable and fan them out to the topic's subscriptions.
+
+The transforms run first, so that the schema validates what is stored (a decompressing transform then
+lets compressed data be published to a topic with a schema).
 
 A published message is appended to every subscription attached to its topic ("fan-out") only after the
 store has made it durable.
@@ -15,9 +18,30 @@ from hedgepub.server._pubsub import resources as resources
 from hedgepub.server._pubsub.delivery import SubscriptionState
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
+from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, pipeline_for
 from hedgepub.server._store.memory import Store
 
 __all__ = ["Publishing"]
+
+
+def _transformed(pipeline: Pipeline, messages: Any) -> tuple[list[Any], list[int]]:
+    """A topic's transforms on each message of a Publish request: the messages to store and the positions
+    of those filtered out. A failure fails the whole request (INVALID_ARGUMENT, naming the message and the
+    transform), as nothing of it is stored."""
+    kept: list[Any] = []
+    filtered: list[int] = []
+    for index, message in enumerate(messages):
+        try:
+            transformed = pipeline.apply(message)
+        except TransformFailed as failure:
+            raise limits.invalid(
+                f"The topic's message transforms failed on message {index} of the request: {failure}"
+            ) from None
+        if transformed is None:
+            filtered.append(index)
+        else:
+            kept.append(transformed)
+    return kept, filtered
 
 
 class Publishing:
@@ -50,9 +74,24 @@ class Publishing:
             resources.existing(self._topics, limits.check_topic_name(topic_name))
         resources.check_publish(messages, request_bytes)
         topic = self._topics[topic_name]
-        if topic.HasField("schema_settings"):
-            await self._schemas.stamp_messages(topic_name, topic.schema_settings, messages)
-        return await self.append(topic_name, messages)
+        kept: Any = messages
+        filtered: list[int] = []
+        if topic.message_transforms:
+            pipeline = pipeline_for(topic.message_transforms)
+            if pipeline is not None:
+                kept, filtered = _transformed(pipeline, messages)
+        if topic.HasField("schema_settings") and kept:
+            await self._schemas.stamp_messages(topic_name, topic.schema_settings, kept)
+        if not filtered:
+            return await self.append(topic_name, kept)
+        # A filtered message gets an ID (the publisher learns nothing of the filter) and is not stored;
+        # its IDs come first, so that a stored message's ID is above them.
+        filtered_ids = [str(self.next_sequence + offset) for offset in range(len(filtered))]
+        self.next_sequence += len(filtered)
+        kept_ids = iter(await self.append(topic_name, kept) if kept else [])
+        from_filtered = iter(filtered_ids)
+        dropped = set(filtered)
+        return [next(from_filtered) if index in dropped else next(kept_ids) for index in range(len(messages))]
 
     async def append(self, topic_name: str, messages: Any) -> list[str]:
         """Number, make durable and fan out messages already accepted (no request limits apply)."""

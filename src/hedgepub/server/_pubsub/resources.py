@@ -72,6 +72,21 @@ def check_topic_fields(topic: Any) -> None:
     check_transforms(topic.message_transforms)
 
 
+#: Topic.State values.
+TOPIC_ACTIVE = 1
+TOPIC_INGESTION_RESOURCE_ERROR = 2
+
+
+def topic_state(topic: Any) -> int:
+    """A topic's output-only ``state``: an ingestion topic's is INGESTION_RESOURCE_ERROR (this server
+    reaches no external source, so nothing is ingested); other topics' stays unspecified, as Google's
+    emulator leaves it."""
+    settings = topic.ingestion_data_source_settings
+    if topic.HasField("ingestion_data_source_settings") and settings.WhichOneof("source") is not None:
+        return TOPIC_INGESTION_RESOURCE_ERROR
+    return 0
+
+
 #: The attribute of ``push_config.attributes`` that names the push format's version; the service fills it
 #: in on a push subscription (``v1``, the API's), and leaves it as it was when a change omits it.
 PUSH_VERSION_ATTRIBUTE = "x-goog-version"
