@@ -234,3 +234,9 @@ def test_the_files_a_page_names_exist(page: Path) -> None:
         path for path in named if not (ROOT / path).exists() and not (ROOT / "src/hedgepub" / path).exists()
     ]
     assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {sorted(missing)}"
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    # The README says what hedgepub is and links into docs/; the details live on the pages.
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"README.md has {lines} lines: move the details to a page under docs/"
