@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     context = multiprocessing.get_context("spawn")
     rss: dict[str, list[float]] = {name: [] for name in CLIENTS}
     traced: dict[str, list[float]] = {name: [] for name in CLIENTS}
-    with local_server(context) as address:
+    with local_server() as address:
         for round_number in range(options.rounds):
             order = list(CLIENTS[round_number % 3 :] + CLIENTS[: round_number % 3])
             for name in order:

@@ -218,3 +218,25 @@ def test_the_docs_site_builds_strict(tmp_path: Path) -> None:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-5000:]
+
+
+_PATH = re.compile(
+    r"(?<![\w/.-])((?:src/hedgepub/|tests/|benchmarks/|_publisher/|_hedging/|_transport/|server/|cli/|bench/"
+    r"|testing/)[\w/]*\.py)\b"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_the_files_a_page_names_exist(page: Path) -> None:
+    # Modules move; a page naming one that is gone sends the next engineer nowhere.
+    named = set(_PATH.findall(page.read_text(encoding="utf-8")))
+    missing = [
+        path for path in named if not (ROOT / path).exists() and not (ROOT / "src/hedgepub" / path).exists()
+    ]
+    assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {sorted(missing)}"
+
+
+def test_the_readme_stays_a_front_page() -> None:
+    # The README says what hedgepub is and links into docs/; the details live on the pages.
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"README.md has {lines} lines: move the details to a page under docs/"

@@ -7,7 +7,8 @@ in extras; their packages check at import that the extra is there, so that a mis
 ============  ==========================================  ==============================================
 extra         what needs it                               modules it brings
 ============  ==========================================  ==============================================
-``server``    ``hedgepub serve``, ``hedgepub.server``     lark, fastavro, grpc_tools, aiohttp, cryptography
+``server``    ``hedgepub serve``, ``hedgepub.server``,    lark, fastavro, grpc_tools, aiohttp, cryptography,
+              ``hedgepub transforms``                     quickjs, zstandard
 ``bench``     ``hedgepub bench``, ``hedgepub advise``     the ``server`` extra's, rich, matplotlib
 ``otel``      ``enable_open_telemetry=True``              opentelemetry (the API)
 ``all``       all of the above
@@ -20,8 +21,18 @@ import importlib.util
 
 #: The top-level modules each extra installs (what :func:`require` looks for).
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "server": ("lark", "fastavro", "grpc_tools", "aiohttp", "cryptography"),
-    "bench": ("lark", "fastavro", "grpc_tools", "aiohttp", "cryptography", "rich", "matplotlib"),
+    "server": ("lark", "fastavro", "grpc_tools", "aiohttp", "cryptography", "quickjs", "zstandard"),
+    "bench": (
+        "lark",
+        "fastavro",
+        "grpc_tools",
+        "aiohttp",
+        "cryptography",
+        "quickjs",
+        "zstandard",
+        "rich",
+        "matplotlib",
+    ),
     "otel": ("opentelemetry.trace", "opentelemetry.metrics"),
 }
 

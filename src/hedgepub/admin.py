@@ -139,11 +139,13 @@ class AdminClient:
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the channel is connected; ``RpcError(UNAVAILABLE)`` if not within ``timeout``."""
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(
-                timeout=self.timeout if timeout is None else timeout
-            )
+            ready.result(timeout=self.timeout if timeout is None else timeout)
         except grpc.FutureTimeoutError:
+            # Unsubscribe its watcher thread, which would die on the channel's close otherwise
+            # ("ValueError: Cannot monitor channel state: Channel closed!").
+            ready.cancel()
             raise RpcError(StatusCode.UNAVAILABLE, f"no Pub/Sub server answers at {self.endpoint}") from None
 
     def _call(self, method: str, request: Any, response_class: Any) -> Any:

@@ -194,7 +194,8 @@ def test_a_code_left_out_of_retryable_codes_is_not_retried() -> None:
     assert outcome.attempts_sent == 1
 
 
-# Rule 2: hedge k at t0 + k * hedge_delay, paid with one token; no token stops hedging for the batch.
+# Rule 2: hedge k at t0 + k * hedge_delay, paid with one token, running min(time left, 10 s); no token
+# stops hedging for the batch.
 
 
 def test_hedge_is_sent_at_exactly_t0_plus_delay_with_a_ten_second_timeout(bucket_with: BucketWith) -> None:
@@ -353,7 +354,8 @@ def test_success_without_hedging_refills_once(bucket_with: BucketWith) -> None:
     assert bucket.tokens == pytest.approx(0.1)
 
 
-# Rule 4: a non-retryable status from any attempt fails the batch at once.
+# Rule 4: an error never fails the batch while another attempt may still succeed; when none is left, the
+# batch fails with the original's error.
 
 
 @pytest.mark.parametrize(
@@ -508,7 +510,7 @@ def test_with_no_retry_possible_and_nothing_running_the_batch_fails_at_once() ->
     assert outcome.latency == exactly(5.0)
 
 
-# Rule 6: the deadline fails the batch with a timeout error carrying the last error.
+# Rule 6: the deadline fails the batch with a timeout error carrying the original's last error.
 
 
 def test_deadline_fails_with_timeout_error_carrying_the_last_error() -> None:
@@ -536,7 +538,7 @@ def test_timeout_error_carries_the_last_status_seen() -> None:
     assert outcome.latency == exactly(2.0)
 
 
-# Rule 7: a response with the wrong number of IDs fails the batch and refills nothing.
+# Rule 7: a response with the wrong number of IDs is that attempt's error and refills nothing.
 
 
 def test_id_count_mismatch_fails_the_batch_without_refill(bucket_with: BucketWith) -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hedgepub import AsyncPublisherClient, BatchSettings, PublisherClient, PublishError, ResponseMismatchError
 from hedgepub._publisher.batch import request_overhead
 from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
+from hedgepub._publisher.observer import BatchObservers
 from hedgepub._transport.grpc import PublishRequestPb, PubsubMessagePb
 from hedgepub.testing.scripted import ScriptedCall, ScriptedTransport
 
@@ -156,3 +157,21 @@ def test_sync_client_validation_errors() -> None:
         assert publisher.publish(TOPIC, b"fine", text="ok").result(timeout=5) == "0"
     assert PublisherClient.topic_path("proj", "top") == "projects/proj/topics/top"
     assert AsyncPublisherClient.topic_path("proj", "top") == "projects/proj/topics/top"
+
+
+def test_observers_are_all_told_even_when_one_raises() -> None:
+    seen: list[str] = []
+
+    class Recording:
+        def __init__(self, name: str, fails: bool = False) -> None:
+            self.name, self.fails = name, fails
+
+        def batch_finished(self, batch: object, outcome: object, error: BaseException | None) -> None:
+            seen.append(self.name)
+            if self.fails:
+                raise RuntimeError(f"{self.name} broke")
+
+    observers = BatchObservers([Recording("stats", fails=True), Recording("routes"), Recording("telemetry")])
+    with pytest.raises(RuntimeError, match="stats broke"):
+        observers.batch_finished(object(), None, None)  # type: ignore[arg-type]
+    assert seen == ["stats", "routes", "telemetry"]

@@ -26,7 +26,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from hedgepub import AsyncPublisherClient, HedgingSettings, PublisherClient, RpcError
+from hedgepub import (
+    AsyncPublisherClient,
+    HedgingSettings,
+    PublisherClient,
+    RpcError,
+    ShutdownTimeoutError,
+    StatusCode,
+)
 from hedgepub.server import LocalServer
 from hedgepub.testing.scripted import ScriptedTransport
 from hedgepub.testing.virtual_time import virtual_time
@@ -307,3 +314,32 @@ def test_the_official_subscriber_with_tracing_on_continues_the_trace(
     assert subscribes, [span["name"] for span in spans]
     # The official subscriber's span is a child of hedgepub's create span, in the same trace.
     assert all((span["trace"], span["parent"]) == (create["trace"], create["id"]) for span in subscribes)
+
+
+@virtual_time
+async def test_each_finished_batch_is_reported_once_to_stats_endpoints_and_telemetry(
+    telemetry: Telemetry,
+) -> None:
+    # One event, one observer: a success, a refusal and a batch shutdown(timeout) cuts off are each counted
+    # once by the stats, the endpoint and the telemetry, and no trace is left behind.
+    transport = ScriptedTransport()
+    transport.script.extend(
+        [transport.ok(), transport.fail(StatusCode.PERMISSION_DENIED), transport.ok(delay=100.0)]
+    )
+    publisher = AsyncPublisherClient(transport=transport, **telemetry.client_arguments())
+    await publisher.publish(TOPIC, b"stored")
+    with pytest.raises(RpcError):
+        await publisher.publish(TOPIC, b"refused")
+    cut_off = asyncio.ensure_future(publisher.publish(TOPIC, b"cut off"))
+    await asyncio.sleep(0.05)
+    await publisher.shutdown(timeout=1.0)
+    with pytest.raises(ShutdownTimeoutError):
+        await cut_off
+    stats = publisher.stats()
+    assert (stats.batches_sent, stats.messages_published, stats.messages_failed) == (3, 1, 2)
+    assert stats.endpoints["primary"].attempts_sent == 3
+    assert len(telemetry.finished(" publish")) == 3  # one batch span each
+    points = telemetry.metric_points()
+    assert sum(value for _attributes, value in points["hedgepub.messages.published"]) == 1
+    assert sum(value for _attributes, value in points["hedgepub.messages.failed"]) == 2
+    assert publisher._core.telemetry._traces == {}  # type: ignore[union-attr]

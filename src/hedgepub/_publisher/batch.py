@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from hedgepub._publisher.futures import BatchCondition
@@ -49,10 +52,29 @@ class BatchState(enum.Enum):
     DONE = "done"
 
 
+def _describer(batch: weakref.ref[Batch], now: Callable[[], float]) -> Callable[[], str]:
+    """What a batch (held weakly: the condition must not keep it alive) is doing now, in words."""
+
+    def describe() -> str:
+        held = batch()
+        return "batch is gone" if held is None else held.describe(now())
+
+    return describe
+
+
+_STATE_TEXT = {
+    "open": "waiting in its open batch for more messages (BatchSettings.max_latency)",
+    "sealed": "sealed, waiting to be sent",
+    "queued": "queued behind other batches in flight (or its ordering key's previous batch)",
+    "done": "resolved",
+}
+
+
 class Batch:
     """Messages of one topic and ordering key, their futures, and the request that carries them."""
 
     __slots__ = (
+        "__weakref__",
         "add_message",
         "append_message",
         "batch_id",
@@ -63,6 +85,7 @@ class Batch:
         "lock",
         "open_key",
         "ordering_key",
+        "progress",
         "request",
         "state",
         "timer",
@@ -76,6 +99,7 @@ class Batch:
         batch_id: str,
         sync_futures: bool,
         open_key: tuple[Any, ...] = (),
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topic = topic
         self.ordering_key = ordering_key
@@ -87,7 +111,9 @@ class Batch:
         self.byte_size = request_overhead(topic)
         self.futures: list[Any] = []
         #: Shared by the batch's futures (see hedgepub._publisher.futures) when they are concurrent futures.
-        self.condition: BatchCondition | None = BatchCondition() if sync_futures else None
+        self.condition: BatchCondition | None = (
+            BatchCondition(_describer(weakref.ref(self), now)) if sync_futures else None
+        )
         #: Bytes held against flow control (released when the batch resolves).
         self.flow_bytes = 0
         self.state = BatchState.OPEN
@@ -97,11 +123,27 @@ class Batch:
         self.lock = threading.Lock()
         #: The batch's key among the publisher's open batches.
         self.open_key = open_key
+        #: Its attempts so far, once it is being sent (a hedgepub._publisher.sender.AttemptCounts).
+        self.progress: Any = None
 
     @property
     def message_count(self) -> int:
         """Messages in the batch."""
         return len(self.futures)
+
+    def describe_contents(self) -> str:
+        """``batch of 3 messages to projects/p/topics/t (ordering key 'k')``."""
+        count = len(self.futures)
+        key = f" (ordering key {self.ordering_key!r})" if self.ordering_key else ""
+        return f"batch of {count} message{'s' if count != 1 else ''} to {self.topic}{key}"
+
+    def describe(self, now: float) -> str:
+        """What the batch holds and where it is: queued, or being sent with its attempts and last error."""
+        if self.state is BatchState.SENDING and self.progress is not None:
+            where = f"being sent: {self.progress.describe(now)}"
+        else:
+            where = _STATE_TEXT.get(self.state.value, self.state.value)
+        return f"{self.describe_contents()}, {where}"
 
     def __repr__(self) -> str:
         key = f", ordering_key={self.ordering_key!r}" if self.ordering_key else ""

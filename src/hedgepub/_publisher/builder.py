@@ -32,6 +32,7 @@ from hedgepub._settings import (
     check_hedging,
 )
 from hedgepub._transport.grpc import ChannelTarget, GrpcTransport, Transport, create_channel, resolve_endpoint
+from hedgepub._wire import EMULATOR_HOST_ENV
 
 if TYPE_CHECKING:
     from hedgepub._publisher.telemetry import PublisherTelemetry
@@ -160,7 +161,9 @@ def _routes(
         raise ValueError("hedge_transports needs hedging: pass hedging_settings=HedgingSettings(...)")
     primary = None if transport is not None else resolve_endpoint(endpoint, credentials=credentials)
     targets = [resolve_endpoint(name, credentials=credentials) for name in hedge_endpoints]
-    if credentials is None and any(target.secure for target in (primary, *targets) if target):
+    # (An emulator over TLS, from PUBSUB_EMULATOR_HOST=https://..., takes none, as over plain text.)
+    needs_credentials = [t for t in (primary, *targets) if t and t.secure and t.source != EMULATOR_HOST_ENV]
+    if credentials is None and needs_credentials:
         # Find Application Default Credentials now, so that a missing setup fails at construction.
         import google.auth
 
@@ -189,7 +192,10 @@ def _routes(
     for target in targets:
         labels.append(target.target)
         connects.append(connect(target))
-    return credentials, EndpointRoutes(labels, connects)
+    descriptions = [labels[0] if primary is None else primary.describe()]
+    descriptions += labels[1 : 1 + len(hedge_transports or ())]
+    descriptions += [target.describe() for target in targets]
+    return credentials, EndpointRoutes(labels, connects, descriptions)
 
 
 def _telemetry(

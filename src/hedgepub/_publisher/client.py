@@ -36,6 +36,10 @@ _LOGGER = logging.getLogger("hedgepub")
 #: the retry settings' total timeout. Long enough for transient errors to be retried, short enough that a
 #: dead endpoint does not hold a finished program for the default ten-minute total timeout.
 IMPLICIT_SHUTDOWN_TIMEOUT = 30.0
+# While the client's endpoint cannot be reached (its latest attempts failed to connect), the implicit
+# shutdown waits at most loop_thread.UNREACHABLE_EXIT_TIMEOUT instead: a few reconnections' worth, rather
+# than half a minute of a finished program waiting on messages that will most likely fail anyway (they
+# fail with ShutdownTimeoutError, and a WARNING says so at exit).
 
 
 def topic_path(project: str, topic: str) -> str:
@@ -260,8 +264,9 @@ class PublisherClient(_ClientFacade):
     whose result is the message ID. The client runs its asyncio core on a private event-loop thread;
     it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
     is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
-    :data:`IMPLICIT_SHUTDOWN_TIMEOUT`): when the interpreter exits normally, or in the background once
-    the client is garbage-collected. ``os._exit`` and fatal signals skip that.
+    :data:`IMPLICIT_SHUTDOWN_TIMEOUT`), or at most 5 s while its endpoint cannot be reached: when the
+    interpreter exits normally, or in the background once the client is garbage-collected. ``os._exit``
+    and fatal signals skip that.
 
     Args:
         hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.

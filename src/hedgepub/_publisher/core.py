@@ -338,7 +338,7 @@ class _PublisherCore:
     def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
         """An empty open batch, to be kept under ``key`` in ``_open``."""
         batch_id = f"{self._id_prefix}-{next(self._batch_numbers)}"
-        return Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key)
+        return Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key, now=self.clock.now)
 
     def add_admitted(
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
@@ -476,7 +476,10 @@ class _PublisherCore:
         try:
             outcome = await self._sender.send(batch, counts)
         except asyncio.CancelledError:
-            error = ShutdownTimeoutError("shutdown(timeout) ended before the message was published")
+            now = self.clock.now()
+            error = ShutdownTimeoutError(
+                f"shutdown(timeout) ended before the message was published: its {batch.describe(now)}"
+            )
             try:
                 self._observer.batch_finished(batch, counts.cut_off(error, self.clock.now()), None)
             finally:
@@ -529,6 +532,11 @@ class _PublisherCore:
             if batch.ordering_key:
                 self._pause((batch.topic, batch.ordering_key))
 
+    def _not_sent(self, batch: Batch) -> ShutdownTimeoutError:
+        return ShutdownTimeoutError(
+            f"shutdown(timeout) ended before the message was sent: its {batch.describe(self.clock.now())}"
+        )
+
     def _release(self, batch: Batch) -> None:
         if self.flow.enabled:
             self.flow.release(len(batch.futures), batch.flow_bytes)
@@ -579,6 +587,10 @@ class _PublisherCore:
                     future._condition = batch.condition
             resolve_batch(batch.futures, batch.condition, error=error)
 
+    def has_pending(self) -> bool:
+        """Whether messages are still waiting for their outcome (any thread; a snapshot)."""
+        return bool(self._tasks or self._open or self._send_queue or self._events)
+
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         budget = self.budget
@@ -620,13 +632,9 @@ class _PublisherCore:
                 # attempts the engine cancels on the wire.
                 waiting, self._send_queue = list(self._send_queue), deque()
                 for batch in waiting:
-                    self._fail(
-                        batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
-                    )
+                    self._fail(batch, self._not_sent(batch))
                 for batch in self._sequencer.take_waiting():
-                    self._fail(
-                        batch, ShutdownTimeoutError("shutdown(timeout) ended before the message was sent")
-                    )
+                    self._fail(batch, self._not_sent(batch))
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()

@@ -31,7 +31,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import _base
 from typing import Any
 
@@ -57,8 +57,10 @@ FAST_PATH = _check_fast_path()
 class BatchCondition(threading.Condition):
     """The condition shared by the futures of one batch, and which of them have waiters or callbacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, describe: Callable[[], str] | None = None) -> None:
         super().__init__()
+        #: Says what the batch is doing (queued, attempts, last error), for a future's timeout message.
+        self.describe_pending = describe
         #: Futures that got a list of waiters or of done-callbacks (added holding the condition), as the
         #: keys of a dict: a set that keeps their order.
         self.watched: dict[BatchFuture, None] = {}
@@ -106,10 +108,27 @@ class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     # (under the condition, see _resolve_fast): once the state reads FINISHED they can be read without
     # the condition, which ``Future`` would take (a Python-level ``Condition.__enter__``) on every call.
     def result(self, timeout: float | None = None) -> Any:
-        """The message ID; see ``concurrent.futures.Future.result``."""
+        """The message ID; see ``concurrent.futures.Future.result``. A ``TimeoutError`` says what the
+        message's batch is doing: queued, or its attempts so far and the last error."""
         if self._state is _FINISHED and self._exception is None:
             return self._result
-        return super().result(timeout)
+        try:
+            return super().result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise concurrent.futures.TimeoutError(self._pending_text(timeout)) from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """See ``concurrent.futures.Future.exception``; a ``TimeoutError`` says what is pending, as
+        :meth:`result`'s does."""
+        try:
+            return super().exception(timeout)
+        except concurrent.futures.TimeoutError:
+            raise concurrent.futures.TimeoutError(self._pending_text(timeout)) from None
+
+    def _pending_text(self, timeout: float | None) -> str:
+        describe = getattr(self._condition, "describe_pending", None)
+        pending = describe() if callable(describe) else "batch is still pending"
+        return f"the message was not published within {timeout:g} s: its {pending}"
 
     def done(self) -> bool:
         """See ``concurrent.futures.Future.done``."""

@@ -20,6 +20,10 @@ from hedgepub._publisher.core import _PublisherCore
 
 _LOGGER = logging.getLogger("hedgepub")
 
+#: The longest an implicit shutdown (at exit, or of a client garbage-collected) waits while the client's
+#: primary endpoint cannot be reached: its latest attempts failed without connecting.
+UNREACHABLE_EXIT_TIMEOUT = 5.0
+
 #: The loop threads of every sync client not shut down yet, for _flush_at_exit.
 _OPEN_RUNNERS: set[_LoopThread] = set()
 _OPEN_RUNNERS_LOCK = threading.Lock()
@@ -61,6 +65,23 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    def unattended_timeout(self, why: str) -> float:
+        """The timeout of a shutdown nobody asked for (``why``: at exit, garbage-collected): the implicit
+        one, or :data:`UNREACHABLE_EXIT_TIMEOUT` while the endpoint cannot be reached, said at WARNING."""
+        timeout = self.implicit_timeout
+        routes = self.core.routes
+        if routes.primary_unreachable and timeout > UNREACHABLE_EXIT_TIMEOUT:
+            timeout = UNREACHABLE_EXIT_TIMEOUT
+            if self.core.has_pending():
+                _LOGGER.warning(
+                    "hedgepub: a publisher never shut down is flushed %s while its endpoint %s cannot be "
+                    "reached: its unpublished messages get at most %g s more",
+                    why,
+                    routes.recorder(0).description,
+                    timeout,
+                )
+        return timeout
+
     def begin_close(self, timeout: float | None) -> concurrent.futures.Future[None] | None:
         """Start the core's shutdown (once; later calls get the first one's future), without waiting."""
         with self._lock:
@@ -101,7 +122,7 @@ class _LoopThread:
         holding the last reference) or one holding locks, so a separate non-daemon thread waits for the
         flush; the interpreter waits for that thread at exit.
         """
-        shutdown = self.begin_close(self.implicit_timeout)
+        shutdown = self.begin_close(self.unattended_timeout("as it is garbage-collected"))
         if shutdown is None:
             return
         try:
@@ -116,13 +137,14 @@ def _flush_at_exit() -> None:
     """Publish what every sync client left open still holds before the interpreter exits.
 
     The shutdowns run side by side, so the exit waits for the slowest client rather than for their sum;
-    each is bounded by its implicit timeout (:data:`~hedgepub._publisher.client.IMPLICIT_SHUTDOWN_TIMEOUT`).
+    each is bounded by its implicit timeout (:data:`~hedgepub._publisher.client.IMPLICIT_SHUTDOWN_TIMEOUT`),
+    or by :data:`UNREACHABLE_EXIT_TIMEOUT` while its endpoint cannot be reached.
     Registered when this module is imported, after gRPC registered its own exit hooks, so it runs before
     them (hooks run last registered, first run) while channels still work.
     """
     with _OPEN_RUNNERS_LOCK:
         runners = list(_OPEN_RUNNERS)
-    shutdowns = [(runner, runner.begin_close(runner.implicit_timeout)) for runner in runners]
+    shutdowns = [(runner, runner.begin_close(runner.unattended_timeout("at exit"))) for runner in runners]
     for runner, shutdown in shutdowns:
         try:
             runner.finish_close(shutdown)

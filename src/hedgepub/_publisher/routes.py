@@ -35,32 +35,112 @@ _LOGGER = logging.getLogger("hedgepub")
 
 
 class _EndpointRecorder:
-    """The counters of one endpoint; safe to update and read from any thread."""
+    """The counters and the reachability of one endpoint; safe to update and read from any thread.
 
-    __slots__ = ("_histogram", "_lock", "attempts_failed", "attempts_sent", "hedges_sent", "wins")
+    Reachability is what the log says about an endpoint (logger ``hedgepub``): an attempt that fails
+    while its channel is not connected (refused, no route, DNS, TLS, a silent host) makes the endpoint
+    *unreachable*, logged once at WARNING with its address and the status; the next attempt that gets
+    an answer (message IDs, or a status the server sent) makes it reachable again, logged once at WARNING
+    too. Every failed attempt is logged at DEBUG. A server answering errors (injected faults, load
+    shedding) is reachable: that is the retry policy's business, not the connection's.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "_histogram",
+        "_lock",
+        "attempts_failed",
+        "attempts_in_flight",
+        "attempts_sent",
+        "description",
+        "failures_unreachable",
+        "hedges_sent",
+        "last_error",
+        "unreachable_since",
+        "wins",
+    )
+
+    def __init__(self, description: str = "") -> None:
         self._lock = threading.Lock()
         # In the layout of the publisher's batch latencies.
         self._histogram = latency_histogram()
+        #: How log lines and errors name the endpoint: ``http://host:port (from PUBSUB_EMULATOR_HOST)``.
+        self.description = description
         self.attempts_sent = 0
         self.hedges_sent = 0
         self.attempts_failed = 0
+        self.attempts_in_flight = 0
         self.wins = 0
+        self.last_error: str | None = None
+        #: clock time of the first failure of the current unreachable spell; None while reachable
+        self.unreachable_since: float | None = None
+        self.failures_unreachable = 0
 
     def sent(self, attempts: int, hedges: int) -> None:
         with self._lock:
             self.attempts_sent += attempts
             self.hedges_sent += hedges
 
-    def answered(self, seconds: float) -> None:
+    def started(self) -> None:
+        with self._lock:
+            self.attempts_in_flight += 1
+
+    def ended(self) -> None:
+        with self._lock:
+            self.attempts_in_flight -= 1
+
+    def answered(self, seconds: float, now: float | None = None) -> None:
         micros = latency_micros(seconds)
         with self._lock:
             self._histogram.record_value(micros)
+            recovered = self._reached(now)
+        if recovered is not None:
+            self._log_recovery(*recovered)
 
-    def failed(self) -> None:
+    def failed(
+        self, error: BaseException | None = None, connected: bool | None = None, now: float = 0.0
+    ) -> None:
+        """Count a failed attempt; ``connected`` is whether its channel was connected when it failed
+        (None: the transport cannot tell, so the failure says nothing about reachability)."""
+        text = str(error) if error is not None else "failed"
+        became_unreachable = False
+        recovered = None
         with self._lock:
             self.attempts_failed += 1
+            self.last_error = text
+            if connected is False:
+                self.failures_unreachable += 1
+                if self.unreachable_since is None:
+                    self.unreachable_since = now
+                    became_unreachable = True
+            elif connected:
+                recovered = self._reached(now)
+        _LOGGER.debug("hedgepub: attempt to %s failed: %s", self.description, text)
+        if became_unreachable:
+            _LOGGER.warning(
+                "hedgepub: cannot reach the Pub/Sub endpoint %s: %s; publishing to it is retried until each "
+                "batch's total timeout",
+                self.description,
+                text,
+            )
+        if recovered is not None:
+            self._log_recovery(*recovered)
+
+    def _reached(self, now: float | None) -> tuple[float, int] | None:
+        """The endpoint answered: end an unreachable spell, returning (its length, its failures)."""
+        if self.unreachable_since is None:
+            return None
+        spell = 0.0 if now is None else max(0.0, now - self.unreachable_since)
+        failures, self.failures_unreachable, self.unreachable_since = self.failures_unreachable, 0, None
+        return spell, failures
+
+    def _log_recovery(self, spell: float, failures: int) -> None:
+        _LOGGER.warning(
+            "hedgepub: the Pub/Sub endpoint %s answers again, after %.1f s and %d attempts that could not "
+            "reach it",
+            self.description,
+            spell,
+            failures,
+        )
 
     def won(self) -> None:
         with self._lock:
@@ -78,6 +158,9 @@ class _EndpointRecorder:
                 p90_ms=percentile_ms(histogram, 90),
                 p99_ms=percentile_ms(histogram, 99),
                 max_ms=max_ms(histogram),
+                attempts_in_flight=self.attempts_in_flight,
+                reachable=self.unreachable_since is None,
+                last_error=self.last_error,
             )
 
 
@@ -116,7 +199,12 @@ class EndpointRoutes:
     be made) by its ``connect`` function, or given ready-made (tests pass scripted transports).
     """
 
-    def __init__(self, labels: Sequence[str], connect: Sequence[Callable[[], Transport]]) -> None:
+    def __init__(
+        self,
+        labels: Sequence[str],
+        connect: Sequence[Callable[[], Transport]],
+        descriptions: Sequence[str] | None = None,
+    ) -> None:
         if not labels or len(labels) != len(connect):
             raise ValueError("EndpointRoutes needs one connect function per label, the primary first")
         if len(set(labels)) != len(labels):
@@ -127,7 +215,7 @@ class EndpointRoutes:
         self.labels: tuple[str, ...] = tuple(labels)
         self._connect = tuple(connect)
         self._transports: list[Transport | None] = [None] * len(labels)
-        self._recorders = tuple(_EndpointRecorder() for _ in labels)
+        self._recorders = tuple(_EndpointRecorder(description) for description in (descriptions or labels))
         self._all_open = False
 
     @property
@@ -184,6 +272,17 @@ class EndpointRoutes:
     def recorder(self, index: int) -> _EndpointRecorder:
         """Endpoint ``index``'s counters."""
         return self._recorders[index]
+
+    def channel_connected(self, index: int) -> bool | None:
+        """Whether endpoint ``index``'s channel is connected now (None: not opened, or cannot tell)."""
+        transport = self._transports[index]
+        probe = getattr(transport, "connected", None)
+        return probe() if callable(probe) else None
+
+    @property
+    def primary_unreachable(self) -> bool:
+        """Whether the primary endpoint's latest attempts could not reach it (see ``_EndpointRecorder``)."""
+        return self._recorders[0].unreachable_since is not None
 
     def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
         """Count a finished batch's attempts per endpoint, and its winner's endpoint (a

@@ -8,12 +8,13 @@ with the metadata of docs/hedging.md (rule 8), inside an OpenTelemetry span when
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hedgepub._clock import Clock
-from hedgepub._exceptions import PublishError
+from hedgepub._exceptions import PublishError, PublishTimeoutError
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._hedging.engine import BatchOutcome, run_batch
 from hedgepub._publisher.batch import Batch
@@ -27,11 +28,28 @@ if TYPE_CHECKING:
 
 @dataclass
 class AttemptCounts:
-    """The attempts of one batch counted as they go out, for a batch cut off before the engine's outcome."""
+    """The attempts of one batch counted as they go out, for a batch cut off before the engine's outcome,
+    and for saying what is pending (:meth:`describe`)."""
 
     started: float
     attempts: int = 0
     hedges: int = 0
+    in_flight: int = 0
+    last_error: str | None = None
+    #: the endpoint of the latest failed attempt, and whether it could not be reached
+    last_endpoint: str | None = None
+    last_unreachable: bool = False
+
+    def describe(self, now: float) -> str:
+        """``4 attempts in 3.2 s, 1 in flight; last error from ...: ...``."""
+        text = (
+            f"{self.attempts} attempt{'s' if self.attempts != 1 else ''} sent in {now - self.started:.1f} s, "
+            f"{self.in_flight} in flight"
+        )
+        if self.last_error is not None:
+            reach = ", which cannot be reached" if self.last_unreachable else ""
+            text += f"; last error from {self.last_endpoint}{reach}: {self.last_error}"
+        return text
 
     def cut_off(self, error: PublishError, now: float) -> BatchOutcome:
         """The outcome of a batch that ``shutdown(timeout)`` cut off at ``now`` with ``error``."""
@@ -89,6 +107,8 @@ class BatchSender:
             index = routes.index_for(attempt_number)
             recorder = routes.recorder(index)
             sent_at = clock.now()
+            recorder.started()
+            counts.in_flight += 1
             try:
                 transport = routes.transport(index)
                 metadata = headers.get(attempt_number)
@@ -97,17 +117,25 @@ class BatchSender:
                         topic, batch_id, attempt_number, started
                     )
                 ids = await transport.publish(request, metadata, timeout)
-            except Exception:  # not CancelledError: a loser cancelled by the engine did not fail
-                recorder.failed()
+            except Exception as error:  # not CancelledError: a loser cancelled by the engine did not fail
+                connected = routes.channel_connected(index)
+                counts.last_error, counts.last_endpoint = str(error), recorder.description
+                counts.last_unreachable = connected is False
+                recorder.failed(error, connected, clock.now())
                 raise
-            recorder.answered(clock.now() - sent_at)
+            finally:
+                recorder.ended()
+                counts.in_flight -= 1
+            now = clock.now()
+            recorder.answered(now - sent_at, now)
             return ids
 
         if self.telemetry is not None:
             attempt = self.telemetry.start_batch(batch).wrap(
                 attempt, lambda n: routes.labels[routes.index_for(n)]
             )
-        return await run_batch(
+        batch.progress = counts
+        outcome = await run_batch(
             attempt,
             message_count=len(batch.futures),
             retry=self.retry,
@@ -116,3 +144,13 @@ class BatchSender:
             clock=clock,
             delay_source=self.budget.delay_source,
         )
+        if isinstance(outcome.error, PublishTimeoutError):
+            # The engine knows attempts and the last error; the batch knows what was pending and where.
+            timeout = outcome.error
+            told = PublishTimeoutError(
+                f"{timeout.message}: {batch.describe_contents()} to {routes.recorder(0).description}",
+                timeout.last_error,
+            )
+            told.__cause__ = timeout.__cause__
+            outcome = dataclasses.replace(outcome, error=told)
+        return outcome

@@ -53,6 +53,10 @@ class EndpointStats:
         wins: batches whose winning attempt went there.
         p50_ms, p90_ms, p99_ms, max_ms: latency of the attempts that answered with message IDs, from
             their own send to their answer, in milliseconds (0.0 before any answered).
+        attempts_in_flight: attempts sent there and not answered yet, now.
+        reachable: False while its latest attempts failed without reaching it (connection refused, no
+            route, a silent host), True otherwise (also before the first attempt).
+        last_error: the latest failed attempt's error there, as text (None before any failed).
     """
 
     attempts_sent: int = 0
@@ -63,6 +67,9 @@ class EndpointStats:
     p90_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
+    attempts_in_flight: int = 0
+    reachable: bool = True
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,9 @@ class PublisherStats:
         batches_sent: batches that went through the hedging engine (one Publish request each, plus
             its retries and hedges), including those ``shutdown(timeout)`` cut off, which count as
             failed, with the attempts and hedges they had sent.
-        attempts_sent: Publish RPCs sent: originals, retries and hedges.
+        attempts_sent: Publish RPCs sent: originals, retries and hedges (counted when their batch ends;
+            ``attempts_in_flight`` shows those running now).
+        attempts_in_flight: Publish RPCs sent and not answered yet, now, over every endpoint.
         hedges_sent: hedged attempts sent.
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
@@ -107,6 +116,7 @@ class PublisherStats:
     p999_ms: float = 0.0
     max_ms: float = 0.0
     endpoints: Mapping[str, EndpointStats] = field(default_factory=dict)
+    attempts_in_flight: int = 0
 
 
 class StatsRecorder:
@@ -177,4 +187,5 @@ class StatsRecorder:
                 p999_ms=percentile_ms(histogram, 99.9),
                 max_ms=max_ms(histogram),
                 endpoints=endpoints if endpoints is not None else {},
+                attempts_in_flight=sum(e.attempts_in_flight for e in (endpoints or {}).values()),
             )

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -151,10 +151,24 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class ChannelTarget:
-    """Where to connect, and whether over TLS with credentials."""
+    """Where to connect, whether over TLS, and where the endpoint came from (for messages).
+
+    ``source`` is ``"endpoint"`` (given explicitly), ``"PUBSUB_EMULATOR_HOST"`` or ``"default"``. A TLS
+    channel to an emulator carries no credentials unless some were given, as a plain-text one.
+    """
 
     target: str
     secure: bool
+    # Not part of equality: two targets that connect alike are alike, whoever named them.
+    source: str = field(default="endpoint", compare=False)
+
+    def describe(self) -> str:
+        """``host:port`` and where it came from, as log lines and errors name it."""
+        scheme = "https://" if self.secure else "http://"
+        origin = {"endpoint": "", "default": " (Google Cloud Pub/Sub)"}.get(
+            self.source, f" (from {self.source})"
+        )
+        return f"{scheme}{self.target}{origin}"
 
 
 #: The endpoint forms :func:`parse_endpoint` accepts, for error messages.
@@ -215,16 +229,24 @@ def resolve_endpoint(
 ) -> ChannelTarget:
     """Decide the channel target: explicit ``endpoint``, else ``PUBSUB_EMULATOR_HOST``, else Google.
 
-    An explicit endpoint goes through :func:`parse_endpoint` (``ValueError`` if malformed); the emulator
-    variable is used as it is, plain text, as every official client does.
+    An explicit endpoint goes through :func:`parse_endpoint` (``ValueError`` if malformed). The emulator
+    variable's ``host:port`` means plain text whatever the port, as every official client takes it; an
+    ``http://`` or ``https://`` form is read as ``--endpoint`` reads it (``https://``: TLS, without
+    credentials unless some were given).
     """
     environ = os.environ if environ is None else environ
     if endpoint:
         return parse_endpoint(endpoint, credentials=credentials)
-    emulator = environ.get(EMULATOR_HOST_ENV)
+    emulator = environ.get(EMULATOR_HOST_ENV, "").strip()
     if emulator:
-        return ChannelTarget(emulator, secure=False)
-    return ChannelTarget(DEFAULT_ENDPOINT, secure=True)
+        if "://" in emulator:
+            try:
+                parsed = parse_endpoint(emulator)
+            except ValueError as error:
+                raise ValueError(f"{EMULATOR_HOST_ENV}: {error}") from None
+            return ChannelTarget(parsed.target, parsed.secure, source=EMULATOR_HOST_ENV)
+        return ChannelTarget(emulator, secure=False, source=EMULATOR_HOST_ENV)
+    return ChannelTarget(DEFAULT_ENDPOINT, secure=True, source="default")
 
 
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
@@ -297,6 +319,12 @@ def create_channel(
         return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
     import google.auth
 
+    if credentials is None and target.source == EMULATOR_HOST_ENV:  # an emulator over TLS: no credentials
+        return grpc.aio.secure_channel(
+            target.target,
+            grpc.ssl_channel_credentials(root_certificates=root_certificates),
+            options=CHANNEL_OPTIONS,
+        )
     if credentials is None:
         credentials, _project = google.auth.default(scopes=SCOPES)
     return grpc.aio.secure_channel(
@@ -341,6 +369,11 @@ class GrpcTransport:
         except grpc.RpcError as error:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
+
+    def connected(self) -> bool:
+        """Whether the channel is connected now (READY): a failed call on a channel that is not could not
+        reach the server, where one on a connected channel got the server's own answer."""
+        return self._channel.get_state(try_to_connect=False) is grpc.ChannelConnectivity.READY
 
     async def close(self) -> None:
         """Close the channel; RPCs still running are cancelled."""

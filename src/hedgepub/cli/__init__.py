@@ -30,9 +30,10 @@ _COMMANDS: dict[str, str] = {
     "subscriptions": "hedgepub.cli._admin:subscriptions",
     "publish": "hedgepub.cli._admin:publish",
     "pull": "hedgepub.cli._admin:pull",
+    "transforms": "hedgepub.cli._transforms:transforms",
 }
 # command name -> the extra it needs beyond the base install.
-_EXTRAS: dict[str, str] = {"serve": "server", "bench": "bench", "advise": "bench"}
+_EXTRAS: dict[str, str] = {"serve": "server", "bench": "bench", "advise": "bench", "transforms": "server"}
 
 _VERBOSITY_KEY = "hedgepub.verbosity"
 _VERBOSE_HELP = "More logging: -v for info, -vv for debug (also after the sub-command)."

@@ -19,6 +19,7 @@ from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
+    from hedgepub.server._api.client_telemetry import HedgeTelemetryCounts
     from hedgepub.server._pubsub.hedge_dedup import HedgeDedupCounts
 
 #: Where ``hedgepub serve`` keeps its SQLite database unless told otherwise (relative to the working
@@ -88,9 +89,10 @@ _FAULT_HELP = (
 @click.option(
     "--dedup-hedges",
     is_flag=True,
-    help="Store the attempts of one hedged batch (same hedgepub-batch-id metadata) once: a later attempt "
-    "of a committed batch gets the first one's message IDs. Off by default; Google Cloud Pub/Sub does "
-    "not do this.",
+    help="Store the attempts of one hedged batch once (hedgepub's: same hedgepub-batch-id metadata; Java, "
+    "Go, Rust: same publish_start_time in the x-goog-pubsub-client-telemetry header and same messages): a "
+    "later attempt of a committed batch gets the first one's message IDs. Off by default; Google Cloud "
+    "Pub/Sub does not do this.",
 )
 @click.option(
     "--tls-cert",
@@ -229,11 +231,12 @@ def serve(
         sys.stdout.flush()
 
     dedup_counts: list[HedgeDedupCounts] = []
+    telemetry_counts: list[HedgeTelemetryCounts] = []
     # A connection holds a descriptor here (and six in the relay process, which raises its own limit):
     # a soft limit of 1,024, common, would refuse connections long before the hard limit.
     raise_descriptor_limit()
     try:
-        asyncio.run(_run(options, announce, report=dedup_counts.append))
+        asyncio.run(_run(options, announce, report=dedup_counts.append, telemetry=telemetry_counts.append))
     except KeyboardInterrupt:
         # Where the loop cannot take over SIGINT (Windows), Ctrl-C arrives as KeyboardInterrupt.
         pass
@@ -255,6 +258,14 @@ def serve(
             + (f", {counts.stalled} stalled" if counts.stalled else ""),
             err=True,
         )
+    for telemetry in telemetry_counts:
+        if telemetry.with_telemetry or telemetry.malformed:
+            click.echo(
+                f"client telemetry: {telemetry.with_telemetry} of {telemetry.publishes} publishes carried "
+                f"x-goog-pubsub-client-telemetry, {telemetry.hedges} of them hedges"
+                + (f"; {telemetry.malformed} malformed headers ignored" if telemetry.malformed else ""),
+                err=True,
+            )
     for dedup in dedup_counts:
         click.echo(
             f"dedup-hedges: {dedup.stored} batches stored, {dedup.answered_from_window} repeated attempts "
@@ -268,6 +279,7 @@ async def _run(
     announce: Callable[[AsyncLocalServer], None],
     *,
     report: Callable[[HedgeDedupCounts], object] | None = None,
+    telemetry: Callable[[HedgeTelemetryCounts], object] | None = None,
 ) -> None:
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
@@ -293,6 +305,8 @@ async def _run(
     for server in servers:
         if server.hedge_dedup is not None and report is not None:
             report(server.hedge_dedup.counts)
+        if telemetry is not None:
+            telemetry(server.hedge_telemetry.counts)
 
 
 def _relay_cpu(setting: str | None) -> int | str | None:

@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
+from hedgepub.server._api.client_telemetry import HedgeTelemetry
 from hedgepub.server._api.dispatch import generic_handlers
 from hedgepub.server._api.grpc import PubSubServicer
 from hedgepub.server._api.rest import RestGateway, http_protocol_factory
@@ -153,6 +154,8 @@ class AsyncLocalServer:
         self.hedge_dedup: HedgeBatchWindow | None = (
             HedgeBatchWindow(clock=options.clock) if options.dedup_hedges else None
         )
+        #: Counts the Publish calls, those that carry Google's client-telemetry header and the hedges.
+        self.hedge_telemetry = HedgeTelemetry()
         self._server: grpc.aio.Server | None = None
         self._front: OnePortFront | None = None
         self._gateway: RestGateway | None = None
@@ -277,7 +280,9 @@ class AsyncLocalServer:
             ) from None
         # The shedder first: a call it refuses meets no injected fault and runs no handler.
         server = grpc.aio.server(interceptors=[self.shedder, self.faults], options=GRPC_OPTIONS)
-        server.add_generic_rpc_handlers(generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup)))
+        server.add_generic_rpc_handlers(
+            generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup, self.hedge_telemetry))
+        )
         # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
         private = _PrivateAddress.choose()
         where = f"{self.host}:{self.options.port}" if front is None else private.grpc_address
@@ -409,6 +414,7 @@ class LocalServer:
         rest: bool = True,
         relay: str = "process",
         relay_cpu: int | str | None = None,
+        buckets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._temporary: str | None = None
         self._server = AsyncLocalServer(
@@ -428,6 +434,7 @@ class LocalServer:
                 rest=rest,
                 relay=relay,
                 relay_cpu=relay_cpu,
+                buckets_dir=buckets_dir,
             )
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -463,6 +470,12 @@ class LocalServer:
     def hedge_dedup(self) -> HedgeBatchWindow | None:
         """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
         return self._server.hedge_dedup
+
+    @property
+    def hedge_telemetry(self) -> HedgeTelemetry:
+        """Publish calls as Google's client-telemetry header describes them: ``.counts`` holds the
+        publishes, those with the header, the hedges among them and the malformed headers ignored."""
+        return self._server.hedge_telemetry
 
     @property
     def faults(self) -> FaultInjector:

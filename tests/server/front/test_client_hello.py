@@ -69,7 +69,10 @@ def grpc_hello() -> bytes:
 
     def start(port: int) -> grpc.Channel:
         channel = grpc.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials())
-        grpc.channel_ready_future(channel)  # makes the channel connect
+        # A call makes the channel connect; closing the channel ends it (CANCELLED, kept in its future).
+        # Not grpc.channel_ready_future: its watcher thread, still subscribed when the channel closes
+        # before it is ready, dies with "ValueError: Cannot monitor channel state: Channel closed!".
+        channel.unary_unary("/google.pubsub.v1.Publisher/GetTopic").future(b"")
         return channel
 
     return captured_hello(start)

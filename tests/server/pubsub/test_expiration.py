@@ -141,3 +141,47 @@ def test_a_deleted_and_recreated_subscription_starts_a_new_ttl() -> None:
         assert not exists(core)
 
     run_virtual(scenario())
+
+
+class _SlowActivityStore(MemoryStore):
+    """A store whose activity records are written only once ``written`` is set (a slow disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    async def put_activity(self, activity: Any) -> None:
+        await self.written.wait()
+        await super().put_activity(activity)
+
+
+@pytest.mark.parametrize("call", ["pull", "acknowledge", "seek"])
+def test_activity_is_recorded_before_the_answer_that_depends_on_it(call: str) -> None:
+    """A server killed just after answering a Pull near the ttl must not come back with an older record
+    (and expire the subscription early): the call answers only once its activity is written."""
+
+    async def scenario() -> None:
+        store = _SlowActivityStore()
+        core = PubSubCore(store)
+        core.load()
+        await core.create_topic(Topic(name=TOPIC))
+        await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, expiration_policy=ttl(1)))
+        store.written.set()
+        await core.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
+        [received] = await core.pull(SUBSCRIPTION, 1, 0)
+        await asyncio.sleep(3600)  # the last record is an hour old: the next activity is recorded
+        store.written.clear()
+        if call == "pull":
+            answer = asyncio.ensure_future(core.pull(SUBSCRIPTION, 1, 0))
+        elif call == "acknowledge":
+            answer = asyncio.ensure_future(core.acknowledge(SUBSCRIPTION, [received.ack_id]))
+        else:
+            answer = asyncio.ensure_future(core.seek(SUBSCRIPTION, 0, None))
+        await asyncio.sleep(1)
+        assert not answer.done(), "answered before its activity was recorded"
+        store.written.set()
+        await answer
+        assert store.load().activity[SUBSCRIPTION] >= core.wall_clock_ns() - 2 * 10**9
+        await core.close()
+
+    run_virtual(scenario())

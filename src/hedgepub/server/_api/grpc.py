@@ -20,7 +20,9 @@ from google.protobuf import empty_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 from google.pubsub_v1.types import schema as schema_types
 
+from hedgepub.server._api.client_telemetry import HedgeTelemetry, telemetry_batch_key
 from hedgepub.server._api.dispatch import MALFORMED
+from hedgepub.server._api.request_log import call_peer
 from hedgepub.server._iam import iam as _iam
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
@@ -37,8 +39,8 @@ _schema = schema_types
 _Empty = empty_pb2.Empty
 
 
-def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | None:
-    for name, value in context.invocation_metadata() or ():
+def _metadata_value(metadata: Any, key: str) -> str | None:
+    for name, value in metadata or ():
         if name == key:
             return value if isinstance(value, str) else None
     return None
@@ -64,12 +66,15 @@ class PubSubServicer:
         core: PubSubCore,
         authorizer: _iam.Authorizer | None = None,
         hedge_window: HedgeBatchWindow | None = None,
+        hedge_telemetry: HedgeTelemetry | None = None,
     ) -> None:
         self.core = core
         self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
         self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
         #: ``--dedup-hedges``: attempts of one hedged batch are stored once (off: None).
         self.hedge_window = hedge_window
+        #: Reads and counts each Publish call's x-goog-pubsub-client-telemetry header.
+        self.hedge_telemetry = hedge_telemetry if hedge_telemetry is not None else HedgeTelemetry()
 
     async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
         """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
@@ -121,9 +126,14 @@ class PubSubServicer:
 
     async def Publish(self, request: Any, context: Any) -> Any:
         size = request.ByteSize()
+        metadata = context.invocation_metadata()
+        attempt = self.hedge_telemetry.read(metadata, lambda: call_peer(context))
         window = self.hedge_window
         if window is not None:
-            batch_id = _metadata_value(context, BATCH_ID_METADATA)
+            # hedgepub's own batch id first; any client's x-goog-pubsub-client-telemetry otherwise.
+            batch_id = _metadata_value(metadata, BATCH_ID_METADATA)
+            if not batch_id and attempt is not None:
+                batch_id = telemetry_batch_key(attempt, request.messages)
             if batch_id:
                 ids = await window.publish_once(
                     request.topic,

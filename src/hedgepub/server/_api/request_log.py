@@ -1,5 +1,7 @@
 """The request log: one line per RPC at debug level on ``hedgepub.server.requests`` (``hedgepub -vv serve``),
-naming the method, its status, its time and who made the call.
+naming the method, its status, its time, who made the call and, for a call that carries the
+``x-goog-pubsub-client-telemetry`` header (a Publish attempt of Google's clients or hedgepub's), which
+attempt it is: ``attempt 0`` for the original and its retries, ``attempt k`` for hedge k.
 
 Off (the default), it costs the interceptor one level check per call, and no handler is wrapped for it.
 """
@@ -10,6 +12,7 @@ import logging
 
 import grpc.aio
 
+from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.server._front.front import REST_CLIENT_METADATA, client_peer
 
 __all__ = ["REQUEST_LOG", "call_peer", "log_request"]
@@ -22,7 +25,14 @@ def log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) ->
     """Log the call of method ``name`` (short name) that took ``seconds``, with its status and peer."""
     code = context.code()
     status = "OK" if code is None else getattr(code, "name", str(code))
-    REQUEST_LOG.debug("%s %s %.1f ms (peer %s)", name, status, seconds * 1e3, call_peer(context))
+    attempt = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_TELEMETRY_KEY:
+            try:
+                attempt = f", attempt {decode_client_telemetry(value)[0]}"
+            except ValueError:
+                attempt = ", attempt unknown (malformed client telemetry)"
+    REQUEST_LOG.debug("%s %s %.1f ms (peer %s%s)", name, status, seconds * 1e3, call_peer(context), attempt)
 
 
 def call_peer(context: grpc.aio.ServicerContext) -> str:

@@ -214,11 +214,15 @@ class Consumers:
         if max_messages <= 0:
             raise invalid(f"Invalid max_messages given: {max_messages}. It must be positive.")
         state = self._deliverable(subscription)
-        self._expiration.touch(subscription)
+        # The activity is recorded before the answer (see expiration.py); awaited at the end, so that the
+        # write overlaps the wait for messages.
+        recorded = self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds))
         taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
             await self._record_leases(state, taken)
+            if recorded is not None:
+                await recorded
             return taken
         end = self._clock.now() + wait_seconds
         while not taken:
@@ -230,6 +234,8 @@ class Consumers:
             state = self._deliverable(subscription)
             taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         await self._record_leases(state, taken)
+        if recorded is not None:
+            await recorded
         return taken
 
     async def next_batch(self, subscription: str, consumer: Consumer) -> list[Any]:
@@ -314,7 +320,7 @@ class Consumers:
         failure, empty when all succeeded); without exactly-once delivery it returns ``None``.
         """
         state = self._subscription(subscription)
-        self._expiration.touch(subscription)
+        recorded = self._expiration.touch(subscription)
         failures = self._check_ack_ids(state, ack_ids)
         done = state.acknowledge(ack_ids)
         if done:
@@ -322,6 +328,8 @@ class Consumers:
             await self._store.ack(subscription, done)
             if state.config.enable_exactly_once_delivery:
                 await self._store.drop_leases(subscription, done)
+        if recorded is not None:
+            await recorded
         if failures and report:
             raise limits.ack_id_failures(failures)
         return failures if state.config.enable_exactly_once_delivery else None

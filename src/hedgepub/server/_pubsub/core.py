@@ -91,6 +91,7 @@ class PubSubCore:
         self._expiration = ExpirationWatch(clock, self._expire_subscription, self._record_activity)
         #: Subscriptions' activity to record (name -> ns since the epoch), written once per loop step.
         self._activity_due: dict[str, int] = {}
+        self._activity_written: asyncio.Future[None] | None = None
         wall_ns = lambda: self.wall_clock_ns()  # noqa: E731 (read late: tests replace the attribute)
         #: Snapshots, Seek and retention.
         self.replay = Replay(
@@ -173,19 +174,25 @@ class PubSubCore:
             return 0.0
         return max(0.0, (now_ns - active_ns) / 1e9 - RECORD_EVERY)
 
-    def _record_activity(self, name: str) -> None:
-        """Expiration: record that ``name`` is active now; one store write per loop step for all."""
+    def _record_activity(self, name: str) -> asyncio.Future[None]:
+        """Expiration: record that ``name`` is active now; one store write per loop step for all. The
+        future returned ends once the record is written (or failed to be: that is logged, not raised)."""
         due = self._activity_due
         if not due:
-            self._spawn(self._write_activity())
+            self._activity_written = asyncio.get_running_loop().create_future()
+            self._spawn(self._write_activity(self._activity_written))
         due[name] = self.wall_clock_ns()
+        return asyncio.shield(self._activity_written)
 
-    async def _write_activity(self) -> None:
+    async def _write_activity(self, written: asyncio.Future[None]) -> None:
         due, self._activity_due = self._activity_due, {}
         try:
             await self._store.put_activity(list(due.items()))
         except Exception:  # the clock then goes on from an older record: a restart may expire it sooner
             logger.exception("Recording the activity of %d subscriptions failed.", len(due))
+        finally:
+            if not written.done():
+                written.set_result(None)
 
     def _new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
@@ -202,8 +209,9 @@ class PubSubCore:
         self.consumers.leasing.close()
         self._expiration.close()
         self.replay.close()
-        if self._activity_due:  # before its task, which may not have started, is cancelled below
-            await self._write_activity()
+        written = self._activity_written
+        if self._activity_due and written is not None:  # before its task, which may not have started,
+            await self._write_activity(written)  # is cancelled below
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -438,8 +446,10 @@ class PubSubCore:
 
     async def seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
         """Seek to a time (ns since the epoch) or to a snapshot (see :mod:`.replay`); it is activity."""
-        self._expiration.touch(subscription)
+        recorded = self._expiration.touch(subscription)
         await self.replay.seek(subscription, publish_ns, snapshot)
+        if recorded is not None:
+            await recorded
 
     def _expire_subscription(self, name: str) -> None:
         """Expiration timer: delete a subscription that was inactive for its ttl."""

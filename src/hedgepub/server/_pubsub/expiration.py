@@ -15,12 +15,17 @@ less than that after the recorded one, and after a restart the clock goes on fro
 that bound: a subscription may expire up to a minute later than without the restart, never earlier. A
 minute is nothing next to a ttl of at least a day (under 0.07%), and a subscriber that pulls all the time
 costs one small write a minute instead of one per call.
+
+A record is durable before the answer that depends on it: :meth:`ExpirationWatch.touch` returns what the
+record hook returned (an awaitable that ends once the record is written, or ``None`` when nothing was
+due), and a Pull, Acknowledge or Seek awaits it before it answers, so a server killed just after
+answering cannot come back with an older record and expire the subscription early.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hedgepub._clock import Clock, TimerHandle
@@ -53,7 +58,10 @@ class ExpirationWatch:
     """
 
     def __init__(
-        self, clock: Clock, expire: Callable[[str], None], record: Callable[[str], None] | None = None
+        self,
+        clock: Clock,
+        expire: Callable[[str], None],
+        record: Callable[[str], Awaitable[None] | None] | None = None,
     ) -> None:
         self._clock = clock
         self._expire = expire
@@ -86,13 +94,16 @@ class ExpirationWatch:
             self._active(name, watched, now)
         self._arm(name, watched, watched.last_active + ttl - now)
 
-    def _active(self, name: str, watched: _Watched, now: float, *, record: bool = False) -> None:
+    def _active(
+        self, name: str, watched: _Watched, now: float, *, record: bool = False
+    ) -> Awaitable[None] | None:
         """The subscription is active at ``now``: remember it, and have it recorded if it is time to (or
-        ``record``)."""
+        ``record``); what the record hook returned (awaitable until it is written), else None."""
         watched.last_active = now
         if self._record is not None and (record or now - watched.recorded >= RECORD_EVERY):
             watched.recorded = now
-            self._record(name)
+            return self._record(name)
+        return None
 
     def _arm(self, name: str, watched: _Watched, delay: float) -> None:
         watched.timer = self._clock.call_later(delay, lambda: self._check(name, watched))
@@ -113,11 +124,13 @@ class ExpirationWatch:
         )
         self._expire(name)
 
-    def touch(self, name: str) -> None:
-        """The subscription was used now."""
+    def touch(self, name: str) -> Awaitable[None] | None:
+        """The subscription was used now. Returns an awaitable when that is being recorded (await it
+        before answering the call), else None."""
         watched = self._watched.get(name)
         if watched is not None:
-            self._active(name, watched, self._clock.now())
+            return self._active(name, watched, self._clock.now())
+        return None
 
     def stream_opened(self, name: str) -> None:
         """A StreamingPull stream opened: the subscription is active until it closes."""

@@ -1,12 +1,17 @@
 """``hedgepub serve --dedup-hedges``: store a hedged batch once, however many of its copies arrive.
 
-hedgepub's publisher sends every attempt of a batch (the original, its retries, its hedges) with the same
-``hedgepub-batch-id`` metadata (docs/hedging.md, rule 8). With this opt-in window the local server
-remembers, for a while, the message IDs it answered for each (topic, batch id): a later attempt of a batch
-already committed gets the first attempt's message IDs instead of being stored again, and an attempt that
-arrives while another attempt of its batch is being committed waits for that commit and gets its IDs. If
-the first attempt fails, the one waiting is stored on its own. A repeated batch id whose request differs
-(another number of messages or of bytes) is not the same batch and is stored as usual.
+The attempts of one batch are told apart from an unrelated publish by a key they share: hedgepub's
+publisher sends every attempt of a batch (the original, its retries, its hedges) with the same
+``hedgepub-batch-id`` metadata (docs/hedging.md, rule 8); Google's Java, Go and Rust clients send the
+same ``publish_start_time`` in the ``x-goog-pubsub-client-telemetry`` header of each attempt, so that the
+start time and the messages themselves make the key
+(:func:`~hedgepub.server._api.client_telemetry.telemetry_batch_key`; a header without a start time makes
+none). With this opt-in window the local server remembers, for a while, the message IDs it answered for
+each (topic, key): a later attempt of a batch already committed gets the first attempt's message IDs
+instead of being stored again, and an attempt that arrives while another attempt of its batch is being
+committed waits for that commit and gets its IDs. If the first attempt fails, the one waiting is stored
+on its own. A repeated key whose request differs (another number of messages or of bytes) is not the
+same batch and is stored as usual.
 
 Google Cloud Pub/Sub does not do this: there every copy is stored with its own message ID. The option
 exists so that hedged runs against the local server can show zero duplicates, and to show what a server
@@ -37,7 +42,7 @@ DEFAULT_MAX_IDS = 1_000_000
 class HedgeDedupCounts:
     """What the window did (a snapshot)."""
 
-    #: Publishes that carried a batch id and were stored (first attempts, or repeats after a failure).
+    #: Publishes that carried a batch key and were stored (first attempts, or repeats after a failure).
     stored: int = 0
     #: Later attempts answered with the message IDs of their batch's first commit, storing nothing.
     answered_from_window: int = 0

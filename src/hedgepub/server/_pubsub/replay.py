@@ -215,12 +215,14 @@ class Replay:
             )
         snapshot = Snapshot(name=name, topic=config.topic, labels=dict(labels))
         snapshot.expire_time.FromNanoseconds(expire)
-        await self._store.put("snapshots", name, snapshot)
-        if name in self._snapshots:  # created concurrently while we waited for the store
-            raise limits.already_exists(name)
-        # From here on publishes reference it; then it takes the subscription's backlog as it is now.
+        # From here on publishes reference it too; the store writes the snapshot and the subscription's
+        # backlog as it is at the commit in one transaction, so a crash leaves all of it or none.
         self._snapshots[name] = snapshot
-        await self._store.reference(name, self._store.referenced(config.name))
+        try:
+            await self._store.put_snapshot(name, snapshot, config.name)
+        except BaseException:
+            self._snapshots.pop(name, None)
+            raise
         self._arm_expiry(snapshot)
         return snapshot
 

@@ -30,13 +30,18 @@ from google.protobuf.message import DecodeError
 from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server._pubsub import limits as limits
-from hedgepub.server._pubsub.limits import invalid
+from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.nesting import avro_is_recursive, check_avro_depth, load_json
 
 __all__ = ["PROTOC_TIMEOUT_SECONDS", "SchemaMismatch", "Validator", "compile_schema"]
 
 SchemaType = schema_types.Schema.Type
 Encoding = schema_types.Encoding
 
+#: Deepest nesting of arrays and objects in an Avro definition (JSON): a record nested in a record takes
+#: three levels, so about 65 nested records; far more than real schemas use, and little enough that
+#: fastavro's recursive parser and reader stay within the thread's stack.
+MAX_DEFINITION_DEPTH = 200
 #: Seconds protoc may take to compile one definition.
 PROTOC_TIMEOUT_SECONDS = 30.0
 _PROTO_FILE = "schema.proto"
@@ -70,9 +75,15 @@ class AvroValidator(Validator):
 
     def __init__(self, definition: str) -> None:
         try:
-            raw = json.loads(definition)
+            raw = load_json(definition, "The schema definition", MAX_DEFINITION_DEPTH)
         except ValueError as error:
             raise invalid(f"Could not parse schema definition: it is not JSON ({error}).") from None
+        except ServiceError as error:
+            raise invalid(f"Could not parse schema definition: {error.message}") from None
+        self.raw = raw
+        #: A schema that refers to itself lets a message nest deeper than the schema: such messages are
+        #: measured before fastavro's (recursive, C) reader sees them.
+        self.recursive = avro_is_recursive(raw)
         try:
             self.schema = fastavro.parse_schema(raw)
             # The JSON reader fills a missing field from its default; the schema it reads with has none,
@@ -82,10 +93,7 @@ class AvroValidator(Validator):
             raise invalid(f"Could not parse schema definition: {type(error).__name__}: {error}") from None
 
     def _json(self, data: bytes) -> None:
-        try:
-            value = json.loads(data)
-        except ValueError as error:
-            raise SchemaMismatch(f"The message is not JSON: {error}") from None
+        value = _load_message_json(data)
         # fastavro's JSON reader reads one value per line: give it the value on one line.
         text = io.StringIO(json.dumps(value))
         try:
@@ -100,6 +108,11 @@ class AvroValidator(Validator):
             raise SchemaMismatch(f"Could not parse JSON Avro message: {reason}") from None
 
     def _binary(self, data: bytes) -> None:
+        if self.recursive:
+            try:
+                check_avro_depth(self.raw, data)
+            except ServiceError as error:
+                raise SchemaMismatch(error.message) from None
         stream = io.BytesIO(data)
         try:
             fastavro.schemaless_reader(stream, self.schema)
@@ -137,10 +150,7 @@ class ProtoValidator(Validator):
         return cls(compile_proto(definition))
 
     def _json(self, data: bytes) -> None:
-        try:
-            value = json.loads(data)
-        except ValueError as error:
-            raise SchemaMismatch(f"The message is not JSON: {error}") from None
+        value = _load_message_json(data)
         # json_format takes any JSON container for a message (a list reads as no fields): ask for an object.
         if not isinstance(value, dict):
             raise SchemaMismatch(
@@ -148,7 +158,7 @@ class ProtoValidator(Validator):
             )
         try:
             json_format.ParseDict(value, self.message_class())
-        except json_format.ParseError as error:
+        except (json_format.ParseError, RecursionError) as error:
             raise SchemaMismatch(f"Could not parse JSON message: {error}") from None
 
     def _binary(self, data: bytes) -> None:
@@ -160,6 +170,16 @@ class ProtoValidator(Validator):
         if not message.IsInitialized():
             missing = ", ".join(message.FindInitializationErrors())
             raise SchemaMismatch(f"Required fields are missing: {missing}.")
+
+
+def _load_message_json(data: bytes) -> Any:
+    """A message's JSON value, no deeper than MAX_JSON_DEPTH; SchemaMismatch when it is not that."""
+    try:
+        return load_json(data, "The message")
+    except ValueError as error:
+        raise SchemaMismatch(f"The message is not JSON: {error}") from None
+    except ServiceError as error:
+        raise SchemaMismatch(error.message) from None
 
 
 def _single_root(files: Any) -> str:

@@ -31,6 +31,10 @@ SchemaType = schema_types.Schema.Type
 Encoding = schema_types.Encoding
 SchemaView = schema_types.SchemaView
 
+#: Validation work (message bytes, plus 256 a message, times the revisions to try) above which a Publish or
+#: ValidateMessage is checked in a worker thread rather than on the event loop: about a millisecond of
+#: the costliest kind (Avro JSON).
+OFF_LOOP_BYTES = 64 * 1024
 #: Compiled definitions kept in memory (keyed by type and text, so equal revisions share one).
 _CACHE_SIZE = 256
 
@@ -260,7 +264,10 @@ class SchemaRegistry:
         if request.encoding not in (Encoding.JSON, Encoding.BINARY):
             raise invalid("No encoding provided.")
         try:
-            validator.validate(request.message, request.encoding)
+            if len(request.message) > OFF_LOOP_BYTES:
+                await asyncio.to_thread(validator.validate, request.message, request.encoding)
+            else:
+                validator.validate(request.message, request.encoding)
         except SchemaMismatch as error:
             raise invalid(f"Message failed schema validation: {error}") from None
 
@@ -300,6 +307,26 @@ class SchemaRegistry:
             raise ServiceError(StatusCode.NOT_FOUND, f"Schema could not be found (schema={settings.schema}).")
         validators = [(revision, await self.validator(revision)) for revision in allowed]
         encoding = settings.encoding
+        # A large batch (or many revisions to try) costs the thread for a while: check it in a worker
+        # thread so that the event loop goes on serving other calls meanwhile (the GIL is shared, but the
+        # loop gets its turn every few milliseconds instead of waiting for the whole batch).
+        work = sum(len(message.data) + 256 for message in messages) * len(validators)
+        if work > OFF_LOOP_BYTES:
+            matched = await asyncio.to_thread(self._match, settings, validators, encoding, messages)
+        else:
+            matched = self._match(settings, validators, encoding, messages)
+        encoding_name = _encoding_name(encoding)
+        for message, revision_id in zip(messages, matched, strict=True):
+            attributes = message.attributes
+            attributes["googclient_schemaname"] = settings.schema
+            attributes["googclient_schemaencoding"] = encoding_name
+            attributes["googclient_schemarevisionid"] = revision_id
+
+    @staticmethod
+    def _match(
+        settings: Any, validators: list[tuple[Any, Validator]], encoding: int, messages: Sequence[Any]
+    ) -> list[str]:
+        """The revision ID that accepts each message (tried newest first); INVALID_ARGUMENT if none does."""
         matched: list[str] = []
         for index, message in enumerate(messages):
             failure = ""
@@ -317,12 +344,7 @@ class SchemaRegistry:
                     f"request ({_encoding_name(encoding)} encoding) could not be validated with any schema "
                     f"revision for schema: {settings.schema}, last checked revision: {failure}"
                 )
-        encoding_name = _encoding_name(encoding)
-        for message, revision_id in zip(messages, matched, strict=True):
-            attributes = message.attributes
-            attributes["googclient_schemaname"] = settings.schema
-            attributes["googclient_schemaencoding"] = encoding_name
-            attributes["googclient_schemarevisionid"] = revision_id
+        return matched
 
     def _allowed(self, settings: Any) -> list[Any]:
         """The revisions a topic accepts, oldest first (a bound whose revision is gone no longer bounds)."""

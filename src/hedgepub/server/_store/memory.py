@@ -134,6 +134,10 @@ class Store(Protocol):
     async def reference(self, holder: str, sequences: Iterable[int]) -> None:
         """Add references from ``holder`` to stored messages (sequences no longer stored are skipped)."""
 
+    async def put_snapshot(self, name: str, body: Any, source: str) -> None:
+        """Create snapshot ``name`` holding what ``source`` references now, all at once: after a crash
+        there is either no snapshot or the whole of it, never a snapshot without its messages."""
+
     def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
         """The sequences ``holder`` references in ``[low, high)``, in order."""
 
@@ -342,6 +346,11 @@ class MemoryStore:
         if references is not None:
             for sequence in references.live:
                 self._unreference(sequence)
+
+    async def put_snapshot(self, name: str, body: Any, source: str) -> None:
+        """The snapshot and its references, with nothing awaited between (see :class:`Store`)."""
+        await self.put("snapshots", name, body)
+        await self.reference(name, self.referenced(source))
 
     async def reference(self, holder: str, sequences: Iterable[int]) -> None:
         """Reference stored messages from ``holder``."""

@@ -324,6 +324,48 @@ class SqliteStore:
 
         await self._write(operation)
 
+    async def put_snapshot(self, name: str, body: Any, source: str) -> None:
+        """The snapshot's row, its id and its references to what ``source`` references, in one
+        transaction: a crash leaves no snapshot or all of it (a retried CreateSnapshot then finds either
+        nothing or the whole snapshot, never one that holds nothing). The references are copied inside
+        SQLite, as of the commit, so a backlog of any size costs no Python work."""
+        data = body.SerializeToString()
+        identifier = self._new_identifier(name)
+        if identifier is None:
+            identifier = self._ids[name]
+        source_id = self._ids.get(source)
+
+        def operation(connection: sqlite3.Connection) -> None:
+            connection.execute("INSERT OR REPLACE INTO snapshots (name, body) VALUES (?, ?)", (name, data))
+            connection.execute(
+                "INSERT OR REPLACE INTO subscription_ids (id, name) VALUES (?, ?)", (identifier, name)
+            )
+            if source_id is None:
+                return
+            # Counted first, for the messages the snapshot does not reference yet (a publish committed in
+            # the same group may have referenced it already), as _REFERENCE does one at a time: a message
+            # without a counts row has one reference, so its row starts at 1 before the increment.
+            new = (
+                "sequence IN (SELECT sequence FROM refs WHERE subscription = ?1) AND NOT EXISTS "
+                "(SELECT 1 FROM refs WHERE subscription = ?2 AND sequence = {column})"
+            )
+            connection.execute(
+                "INSERT OR IGNORE INTO counts (sequence, refs) SELECT sequence, 1 FROM messages WHERE "
+                + new.format(column="messages.sequence"),
+                (source_id, identifier),
+            )
+            connection.execute(
+                "UPDATE counts SET refs = refs + 1 WHERE " + new.format(column="counts.sequence"),
+                (source_id, identifier),
+            )
+            connection.execute(
+                "INSERT OR IGNORE INTO refs (subscription, sequence) "
+                "SELECT ?2, sequence FROM refs WHERE subscription = ?1",
+                (source_id, identifier),
+            )
+
+        await self._write(operation)
+
     def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
         """The sequences ``holder`` references in ``[low, high)`` (what has been committed)."""
         identifier = self._ids.get(holder)
