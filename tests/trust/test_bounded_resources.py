@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from .._pb import (
@@ -250,3 +251,37 @@ def test_concurrent_large_rest_publishes_are_bounded_in_bytes(memory_server: Any
     grown = (peak - before) / 2**20
     print(f"\nRSS {before / 2**20:.0f} MiB before, peak {peak / 2**20:.0f} MiB (+{grown:.0f} MiB)")
     assert grown < 500, f"{grown:.0f} MiB more at the peak"
+
+
+#: Messages of 9.9 MB in the backlog of the large-messages restart test (``HEDGEPUB_BOUNDED_LARGE``; the
+#: long run uses 100).
+LARGE = int(os.environ.get("HEDGEPUB_BOUNDED_LARGE", "") or 40)
+
+
+def test_a_backlog_of_large_messages_is_read_back_bounded_in_bytes(
+    server_process: Any, make_rpc: Callable[[str], Rpc]
+) -> None:
+    """A backlog of 9.9 MB messages, SIGKILL, restart, one Pull: the subscription's window and the store's
+    cache of parsed messages hold a bounded number of bytes (32 MiB and 64 MiB), not 500 or 10,000
+    messages of any size."""
+    server_process.start()
+    rpc = make_rpc(server_process.address)
+    _setup(rpc, 1)
+    for _ in range(LARGE):
+        _publish(rpc, 1, 9_900_000)
+    server_process.kill()
+    server_process.start()
+    rpc = make_rpc(server_process.address)
+    rpc.channel.close()  # one that takes a 9.9 MB answer
+    rpc.channel = grpc.insecure_channel(
+        server_process.address, options=[("grpc.max_receive_message_length", 32 * MIB)]
+    )
+    before = server_process.rss_bytes()
+    request = PullRequest(subscription=_subscription(0), max_messages=1, return_immediately=True)
+    peak, pulled = _peak_rss_during(
+        server_process, lambda: rpc.call("Subscriber", "Pull", request, PullResponse, timeout=120)
+    )
+    assert len(pulled.received_messages) == 1
+    grown = (peak - before) / MIB
+    print(f"\nRSS {before / MIB:.0f} MiB after the restart, {peak / MIB:.0f} MiB at the peak of one Pull")
+    assert grown < 250, f"{grown:.0f} MiB more for one Pull of one message"

@@ -62,6 +62,9 @@ MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _FRAMING_BYTES = 16
 #: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
 DEFAULT_WINDOW = 500
+#: And their bytes at most (serialized size): a window of 500 messages of 10 MB would be 5 GB. A message
+#: larger than this still enters an empty window alone.
+DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
 #: Seconds before a message a subscription's transforms failed on is tried again, when the subscription
 #: has no retry policy of its own.
 FAILED_TRANSFORM_RETRY_SECONDS = 1.0
@@ -72,12 +75,12 @@ logger = logging.getLogger("hedgepub.server")
 class SubscriptionState:
     """Live delivery state of one subscription: a bounded window of its backlog, and its leases.
 
-    Only up to ``window`` ready messages (those waiting behind their ordering key included) are held in
-    memory; the rest of the backlog stays in the store and is read in pages (``pages``) as the window
-    empties. ``cursor`` is the highest sequence read so far: every message of the backlog at or below it is
-    in memory (ready, waiting, leased or being forwarded), and ``more`` says whether the store may hold
-    some above it. Newly published messages join the window directly while it has room and nothing is
-    left in the store before them.
+    Only up to ``window`` ready messages (those waiting behind their ordering key included), and no more
+    than ``window_bytes`` of them (one message at least), are held in memory; the rest of the backlog
+    stays in the store and is read in pages (``pages``) as the window empties. ``cursor`` is the highest
+    sequence read so far: every message of the backlog at or below it is in memory (ready, waiting, leased
+    or being forwarded), and ``more`` says whether the store may hold some above it. Newly published
+    messages join the window directly while it has room and nothing is left in the store before them.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class SubscriptionState:
         pages: PageSource | None = None,
         window: int = DEFAULT_WINDOW,
         attempts: AttemptsSource | None = None,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
     ) -> None:
         self.config = config
         #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
@@ -95,6 +99,9 @@ class SubscriptionState:
         self._pages = pages
         self._attempts = attempts
         self.window = window
+        self.window_bytes = window_bytes
+        #: Serialized bytes of the messages counted by held() (ready, or waiting behind their key).
+        self.held_bytes = 0
         self.ready: deque[Pending] = deque()
         self.leases: dict[str, Lease] = {}
         #: ordering key -> messages of that key waiting behind the one ready or leased.
@@ -162,7 +169,13 @@ class SubscriptionState:
         """Messages of the window in memory: ready, or waiting behind their ordering key."""
         return len(self.ready) + self._waiting
 
+    def _full(self) -> bool:
+        """Whether the window holds as many messages, or as many bytes, as it may."""
+        held = self.held()
+        return held >= self.window or (held > 0 and self.held_bytes >= self.window_bytes)
+
     def _place(self, pending: Pending) -> None:
+        self.held_bytes += pending.size
         if self.ordered:
             key = pending.message.ordering_key
             if key:
@@ -191,11 +204,11 @@ class SubscriptionState:
                     refused.append(record[0])
             records = kept
         if not self.more:
-            window, cursor = self.window, self.cursor
+            cursor = self.cursor
             for sequence, message in records:
                 if sequence <= cursor:
                     continue  # already read from the store by a refill
-                if self.held() >= window:
+                if self._full():
                     self.more = True
                     break
                 self._place(Pending(sequence, message))
@@ -208,9 +221,10 @@ class SubscriptionState:
     def refill(self) -> bool:
         """Read the next page of the backlog from the store into the window; whether anything came."""
         room = self.window - self.held()
-        if not self.more or room <= 0 or self._pages is None:
+        if not self.more or self._full() or self._pages is None:
             return False
-        page = self._pages(self.name, self.cursor, room)
+        byte_room = max(1, self.window_bytes - self.held_bytes)
+        page = self._pages(self.name, self.cursor, room, byte_room)
         # Counts recorded before a restart (or before a Seek dropped what memory held), on a subscription
         # that counts: one more read per page, over the references the page just came from.
         counts: Mapping[int, int] = {}
@@ -233,7 +247,8 @@ class SubscriptionState:
                 self._place(pending)
         if refused:
             self._leasing.discard(self, refused)
-        self.more = len(page) >= room
+        # A page cut short by its bytes leaves more behind, as one cut short by its count may.
+        self.more = len(page) >= room or sum(message.ByteSize() for _, message in page) >= byte_room
         return bool(page)
 
     def finished(self, pending: Pending) -> None:
@@ -291,6 +306,7 @@ class SubscriptionState:
             pending = ready[0]
             if pending.message.publish_time.seconds < oldest_kept:
                 ready.popleft()
+                self.held_bytes -= pending.size
                 expired.append(pending.sequence)
                 self.finished(pending)
                 continue
@@ -301,10 +317,12 @@ class SubscriptionState:
                     message = pipeline.apply(message)
                 except TransformFailed as failure:
                     ready.popleft()
+                    self.held_bytes -= pending.size
                     self._transform_failed(pending, failure)
                     continue
                 if message is None:  # filtered out: acknowledged, as a subscription's filter does
                     ready.popleft()
+                    self.held_bytes -= pending.size
                     expired.append(pending.sequence)
                     self.finished(pending)
                     continue
@@ -314,6 +332,7 @@ class SubscriptionState:
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break
             ready.popleft()
+            self.held_bytes -= pending.size
             pending.attempts += 1
             lease = Lease(ack_id, pending, consumer, deadline, self)
             self.leases[ack_id] = lease
@@ -393,6 +412,7 @@ class SubscriptionState:
         if delay > 0:
             self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
         else:
+            self.held_bytes += pending.size
             self.ready.appendleft(pending)
 
     def _transform_failed(self, pending: Pending, failure: TransformFailed) -> None:
@@ -422,6 +442,7 @@ class SubscriptionState:
         """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""
         if self.backing_off.pop(pending, None) is None or self.deleted:
             return
+        self.held_bytes += pending.size
         self.ready.appendleft(pending)
         self.notify()
 
@@ -452,6 +473,7 @@ class SubscriptionState:
         if ok:
             self.finished(pending)
         else:
+            self.held_bytes += pending.size
             self.ready.appendleft(pending)
         self.notify()
 
@@ -471,6 +493,7 @@ class SubscriptionState:
         self.leases.clear()
         self.key_backlog.clear()
         self._waiting = 0
+        self.held_bytes = 0
         return dropped
 
     def reset(self) -> None:

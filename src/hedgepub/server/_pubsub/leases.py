@@ -115,7 +115,7 @@ DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
 #: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
 DiscardHook = Callable[["SubscriptionState", list[int]], None]
 #: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
-PageSource = Callable[[str, int, int], Sequence[tuple[int, Any]]]
+PageSource = Callable[[str, int, int, int], Sequence[tuple[int, Any]]]
 #: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
 #: deadline), with the message's count of deliveries so far.
 AttemptsHook = Callable[["SubscriptionState", Pending], None]

@@ -117,8 +117,9 @@ class Store(Protocol):
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
         """Drop a subscription's references (unknown sequences are ignored); unreferenced messages go."""
 
-    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
-        """Up to ``limit`` messages ``subscription`` references with a sequence above ``after``, in order."""
+    def pending(self, subscription: str, after: int, limit: int, max_bytes: int = 0) -> list[tuple[int, Any]]:
+        """Up to ``limit`` messages ``subscription`` references with a sequence above ``after``, in order;
+        with ``max_bytes``, no more once they hold that many bytes (one at least)."""
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on a topic, in publish order."""
@@ -323,8 +324,9 @@ class MemoryStore:
         if entry[2] <= 0:
             del self._messages[sequence]
 
-    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
-        """A page of the subscription's referenced messages (the stored objects, not copies)."""
+    def pending(self, subscription: str, after: int, limit: int, max_bytes: int = 0) -> list[tuple[int, Any]]:
+        """A page of the subscription's referenced messages (the stored objects, not copies; they are in
+        memory already, so ``max_bytes`` changes nothing here)."""
         references = self._references.get(subscription)
         if references is None:
             return []

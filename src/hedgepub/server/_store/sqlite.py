@@ -89,6 +89,7 @@ class SqliteStore:
         synchronous: str = "NORMAL",
         keep_unsubscribed: bool = False,
         cache_messages: int = 10_000,
+        cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA; got {synchronous!r}")
@@ -108,6 +109,8 @@ class SqliteStore:
         # subscriptions on one topic, one parsed copy serves all of them instead of one copy each.
         self._parsed: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._cache_messages = cache_messages
+        self._cache_bytes = cache_bytes
+        self._parsed_bytes = 0
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -202,8 +205,13 @@ class SqliteStore:
         snapshot.activity = dict(connection.execute("SELECT subscription, active_ns FROM activity"))
         return snapshot
 
-    def pending(self, subscription: str, after: int, limit: int) -> list[tuple[int, Any]]:
-        """A page of the messages ``subscription`` references above ``after`` (what has been committed)."""
+    def pending(self, subscription: str, after: int, limit: int, max_bytes: int = 0) -> list[tuple[int, Any]]:
+        """A page of the messages ``subscription`` references above ``after`` (what has been committed);
+        with ``max_bytes``, rows stop being read once the page holds that many bytes (one row at least).
+
+        Parsed messages are kept in a cache bounded by count and by bytes (``cache_bytes``), shared by
+        every subscription reading the same messages.
+        """
         identifier = self._ids.get(subscription)
         if identifier is None:
             return []
@@ -211,17 +219,24 @@ class SqliteStore:
             "SELECT r.sequence, m.body FROM refs r JOIN messages m ON m.sequence = r.sequence "
             "WHERE r.subscription = ? AND r.sequence > ? ORDER BY r.sequence LIMIT ?",
             (identifier, after, limit),
-        ).fetchall()
+        )
         parse = PubsubMessage.FromString
         cache = self._parsed
         page = []
-        for sequence, body in rows:
+        read = 0
+        for sequence, body in rows:  # stepped row by row: rows past the byte bound are never read
             message = cache.get(sequence)
             if message is None:
                 message = cache[sequence] = parse(body)
-                if len(cache) > self._cache_messages:
-                    cache.popitem(last=False)
+                self._parsed_bytes += len(body)
+                while cache and (len(cache) > self._cache_messages or self._parsed_bytes > self._cache_bytes):
+                    _, evicted = cache.popitem(last=False)
+                    self._parsed_bytes -= evicted.ByteSize()
             page.append((sequence, message))
+            read += len(body)
+            if max_bytes and read >= max_bytes:
+                break
+        rows.close()
         return page
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
@@ -533,6 +548,7 @@ class SqliteStore:
         """Delete everything (message sequence numbers keep growing)."""
         self._ids.clear()
         self._parsed.clear()
+        self._parsed_bytes = 0
 
         def operation(connection: sqlite3.Connection) -> None:
             _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
