@@ -29,7 +29,8 @@ Layers, each a subpackage, calls going down only:
 - :mod:`._api`: the faces. :mod:`._api.dispatch` serves every RPC of the one table in :mod:`._methods`
   (derived from the client package's protocol descriptions) by the coroutine of the same name on
   :class:`~._api.grpc.PubSubServicer`, after the permission check of :mod:`._iam`; :mod:`._api.rest`
-  answers REST calls through the gRPC face; :mod:`._api.request_log` logs each call.
+  answers REST calls through the gRPC face (routes and transcoding in :mod:`._api.rest_routes`);
+  :mod:`._api.request_log` logs each call; :mod:`._api.client_telemetry` reads any client's hedges.
 - :mod:`._front`: the one public port, telling gRPC from HTTP/1.1 (:mod:`._front.front`, the ClientHello
   of TLS in :mod:`._front.client_hello`) and relaying gRPC in a relay process (:mod:`._front.relay`).
 - :mod:`._faults`: the fault injector, an interceptor around the faces (rules, delays, counts, units).
