@@ -5,10 +5,11 @@ replays the unhedged publisher's latencies alone (send times and latencies of it
 ``results.json`` holds under ``samples``) through the hedging engine with each hedged publisher's
 settings, exactly as ``hedgepub advise`` does, and compares the predicted p99 and extra RPCs per publish
 with what that hedged publisher measured in the same run. The replay starts as the bench's hedged
-publishers did, with a full token bucket, and plays the schedule once (``hedgepub advise --passes 1``;
-the advice's default of two passes predicts the steady state instead, where only the refill ratio pays
-for hedges). The scenarios alternate round by round
-(interleaved), so a busy spell of the machine does not fall on one scenario only.
+publishers did, with the tokens their buckets held then (``config.run.tokens_at_start``: full after the
+warm-up), and plays the schedule once (as ``hedgepub advise --passes 1``; the advice's default of two
+passes predicts the steady state instead, where only the refill ratio pays for hedges). The scenarios
+alternate round by round (interleaved), so a busy spell of the machine does not fall on one scenario
+only.
 
 Publishers compared: the default mix's ``fixed-100ms`` and ``adaptive``; correlated-stalls' ``hedged``
 (hedges to the stalling primary; ``cross_endpoint`` hedges to another server, whose latency the
@@ -46,8 +47,10 @@ def _compare(scenario: str, seed: int) -> list[tuple[str, float, float, float, f
     for spec in config.publishers():
         if spec.hedging is None or spec.cross_endpoint:
             continue
-        # as the bench ran: the bucket full at the start (its warm-up filled it), one pass of the schedule
-        predicted = replay(samples, spec.hedging, passes=1)
+        # as the bench ran: the bucket as its warm-up left it (full, unless the machine made the warm-up's
+        # own publishes slow enough to hedge), one pass of the schedule
+        tokens = run.document["config"]["run"]["tokens_at_start"][spec.name]
+        predicted = replay(samples, spec.hedging, passes=1, initial_tokens=tokens)
         measured = run.document["results"][spec.name]
         rows.append(
             (

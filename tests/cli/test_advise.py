@@ -53,6 +53,11 @@ def test_hedging_after_100ms_cuts_the_predicted_tail_within_the_bucket() -> None
     # a bucket refilled by 0.01 per publish cannot pay for 5% hedges: the tail comes back
     starved = replay(samples, HedgingSettings(hedge_delay=0.1, max_tokens=10, refill_ratio=0.01))
     assert starved.extra_rpcs < 0.02 and starved.p99_ms > 250
+    # a bench run's bucket as its warm-up left it: with no tokens at the start, only the refill pays
+    poor = HedgingSettings(hedge_delay=0.1, max_tokens=50, refill_ratio=0.01)
+    rich, empty = replay(samples, poor, passes=1), replay(samples, poor, passes=1, initial_tokens=0)
+    assert rich.hedges_sent == pytest.approx(50 + 0.01 * 2000, abs=2)
+    assert empty.hedges_sent == pytest.approx(0.01 * 2000, abs=2)
 
 
 def test_the_trace_model_sends_stall_windows_to_the_hedges_too() -> None:

@@ -38,6 +38,10 @@ def test_a_short_bench_writes_a_table_json_and_plot(hedgepub_cli, tmp_path) -> N
     for name, samples in document["samples"].items():
         assert len(samples["latency_ms"]) == len(samples["sent_at_s"]) == 200, name
         assert min(samples["sent_at_s"]) >= 0 and max(samples["sent_at_s"]) < 200 / 100 * 3
+    # what each hedged publisher's bucket held when the measured period began: 150 warm-up successes at
+    # 0.2 fill it (30), less what warm-up publishes slowed by a busy machine spent on hedges
+    tokens = document["config"]["run"]["tokens_at_start"]
+    assert list(tokens) == ["fixed-100ms", "adaptive"] and all(0 < t <= 30 for t in tokens.values())
     load = document["config"]["run"]["load_average"]
     assert load is None or len(load) == 3
     config = document["config"]

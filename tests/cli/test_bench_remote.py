@@ -115,6 +115,22 @@ def test_an_unreachable_endpoint_exits_3(tmp_path: Path, closed_port: int) -> No
     assert result.exit_code == 3, result.output
 
 
+def test_google_is_the_default_and_needs_application_default_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No endpoint and no PUBSUB_EMULATOR_HOST: Google Cloud Pub/Sub, with ADC; none here, so it says so
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    result = CliRunner().invoke(
+        main, ["bench", "--topic", "t", "--project", "p", "--create-topic", "--messages", "5", "--out",
+               str(tmp_path / "out")], input="y\n",
+    )  # fmt: skip
+    said = _words(result.output)
+    assert "against PUBSUB_EMULATOR_HOST or Google Cloud Pub/Sub (pubsub.googleapis.com)" in said
+    assert result.exit_code == 1, result.output
+    assert "no Application Default Credentials" in said
+
+
 def _emulator_binary() -> Path | None:
     configured = os.environ.get("PUBSUB_EMULATOR_BIN")
     if configured:

@@ -111,13 +111,14 @@ DOCUMENTED = frozenset(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     }
 )
-#: Further codes documented for some methods: export subscriptions (BigQuery, Cloud Storage) are not
-#: served by the local server (UNIMPLEMENTED, naming what is missing); snapshots, Seek and push are
+#: Further codes documented for some methods: BigQuery and Bigtable subscriptions are not served by the
+#: local server (UNIMPLEMENTED, naming what is missing; Cloud Storage ones without --buckets-dir are
+#: FAILED_PRECONDITION), nor AI inference transforms (UNIMPLEMENTED); snapshots, Seek and push are
 #: served, so they answer only documented codes; SetIamPolicy answers ABORTED to a stale etag.
 EXTRA_CODES: dict[str, frozenset[grpc.StatusCode]] = {
     **{
         method: frozenset({grpc.StatusCode.UNIMPLEMENTED})
-        for method in ("CreateSubscription", "UpdateSubscription")
+        for method in ("CreateSubscription", "UpdateSubscription", "CreateTopic", "UpdateTopic")
     },
     "SetIamPolicy": frozenset({grpc.StatusCode.ABORTED}),
 }

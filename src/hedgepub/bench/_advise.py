@@ -426,16 +426,19 @@ def replay(
     full_bucket: bool = True,
     passes: int = 2,
     name: str | None = None,
+    initial_tokens: float | None = None,
 ) -> Prediction:
     """Replay ``samples`` through the hedging engine with ``hedging``, on virtual time; see the module.
 
-    ``passes`` plays the schedule that many times in a row and reports the last one only.
+    ``passes`` plays the schedule that many times in a row and reports the last one only. The bucket
+    starts full, or empty without ``full_bucket``, or with ``initial_tokens`` when given (what a bench
+    run's publisher had: ``config.run.tokens_at_start`` of its ``results.json``).
     """
     from hedgepub.testing.virtual_time import run_virtual
 
     retry = retry or RetrySettings()
     source = _LatencySource(samples, model, rate or samples.rate() or DEFAULT_RATE, seed)
-    outcomes = run_virtual(_replay_all(source, hedging, retry, full_bucket, passes))
+    outcomes = run_virtual(_replay_all(source, hedging, retry, full_bucket, passes, initial_tokens))
     latencies = sorted(o.latency * 1000.0 for o in outcomes if o.ok)
     attempts = sum(o.attempts_sent for o in outcomes)
     chosen = candidate(hedging)
@@ -462,6 +465,7 @@ async def _replay_all(
     retry: RetrySettings,
     full_bucket: bool,
     passes: int,
+    initial_tokens: float | None = None,
 ) -> list[Any]:
     # The engine's own pieces, as a publisher builds them for one topic.
     from hedgepub._hedging.bucket import TokenBucket
@@ -470,8 +474,10 @@ async def _replay_all(
 
     loop = asyncio.get_running_loop()
     bucket = TokenBucket.from_settings(hedging) if hedging is not None else None
-    if bucket is not None and full_bucket:
-        for _ in range(math.ceil(bucket.max_tokens / bucket.refill_ratio)):
+    if bucket is not None and (full_bucket or initial_tokens is not None):
+        wanted = bucket.max_tokens if initial_tokens is None else min(initial_tokens, bucket.max_tokens)
+        # the bucket's only way in is a success's refill: as many as that many tokens take
+        for _ in range(round(wanted / bucket.refill_ratio)):
             bucket.refill()
     delay_source = None
     if hedging is not None and hedging.adaptive_delay is not None:

@@ -292,6 +292,8 @@ class _Counters:
     hedges_won: int
     #: hedges sent per endpoint, by the bench's name for it (``primary``, ``second``)
     hedges_by_endpoint: dict[str, int]
+    #: tokens in the hedging bucket(s) when read
+    tokens: float = 0.0
 
     @classmethod
     def of(cls, client: AsyncPublisherClient, endpoint_names: Mapping[str, str]) -> _Counters:
@@ -300,7 +302,9 @@ class _Counters:
             endpoint_names.get(address, address): endpoint.hedges_sent
             for address, endpoint in stats.endpoints.items()
         }
-        return cls(stats.attempts_sent, stats.hedges_sent, stats.hedges_won, by_endpoint)
+        return cls(
+            stats.attempts_sent, stats.hedges_sent, stats.hedges_won, by_endpoint, stats.tokens_available
+        )
 
     def __sub__(self, other: _Counters) -> _Counters:
         return _Counters(
@@ -311,6 +315,7 @@ class _Counters:
                 name: sent - other.hedges_by_endpoint.get(name, 0)
                 for name, sent in self.hedges_by_endpoint.items()
             },
+            self.tokens,
         )
 
 
@@ -334,13 +339,16 @@ async def _warm_up(
     target = config.warmup_target()
     hedged = [client for name, client in clients.items() if name != UNHEDGED]
     progress.phase("warm-up", target)
+    # Until full: on a busy machine some warm-up publishes take longer than the hedge delay, and their
+    # hedges spend tokens, so the publishes that would just fill the bucket do not; up to MAX_WARMUP.
+    limit = target if config.warmup is not None or target == 0 else MAX_WARMUP
     done = 0
-    while done < target:
+    while done < limit:
         if config.warmup is None and all(
             client.stats().tokens_available >= config.max_tokens for client in hedged
         ):
             break
-        size = min(WARMUP_CONCURRENCY, target - done)
+        size = min(WARMUP_CONCURRENCY, limit - done)
         publishes = [
             clients[name].publish(
                 topics[name], _payload(f"warmup-{name}", done + offset, config.message_size)
@@ -639,6 +647,10 @@ async def _run(
     config_entry["run"] = run_info(loop.time() - began)
     config_entry["run"]["max_schedule_lag_ms"] = round(measured.lag_ms, 1)
     config_entry["run"]["load_average"] = _load_average()
+    # what each hedged publisher's bucket held when the measured period began (full after a warm-up)
+    config_entry["run"]["tokens_at_start"] = {
+        name: round(measured.before[name].tokens, 3) for name in names if name != UNHEDGED
+    }
     if measured.interrupted:
         config_entry["run"]["interrupted"] = True
     if remote is not None:

@@ -136,6 +136,6 @@ def main(ctx: click.Context, verbose: int) -> None:
     """hedgepub: hedged publishing to Google Cloud Pub/Sub, and a local server to try it on.
 
     Exit codes (each command's --help lists its own): 0 done; 1 failed; 2 bad usage; 3 no server at the
-    endpoint; 4 not found; 5 already exists; 6 a needed extra is not installed.
+    endpoint; 4 not found; 5 already exists; 6 a needed extra is not installed; 130 bench interrupted.
     """
     _set_verbosity(ctx, verbose)

@@ -29,6 +29,7 @@ from hedgepub.bench._advise import (
     write_advice_json,
 )
 from hedgepub.bench._snippets import CLIENT_SETTINGS, snippets
+from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
 
 def _numbers(kind: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str], tuple[Any, ...]]:
@@ -76,7 +77,9 @@ def _table(advice: Advice, shown: list[Prediction]) -> Table:
 
 @click.command(
     short_help="Recommend hedging settings from measured publish latencies.",
-    epilog="Exit codes: 0 done; 1 the input cannot be read; 2 bad usage.",
+    epilog=exit_codes_help(
+        (EXIT_OK, "done"), (EXIT_FAILED, "the input cannot be read"), (EXIT_USAGE, "bad usage")
+    ),
 )
 @click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(

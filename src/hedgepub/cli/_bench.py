@@ -43,10 +43,15 @@ from hedgepub.bench import (
     run_remote_bench,
     write_results_json,
 )
+from hedgepub.cli._exit import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    exit_codes_help,
+)
 
-EXIT_UNREACHABLE = 3
-#: The shell's code for a process ended by SIGINT: the bench stopped early (partial results written).
-EXIT_INTERRUPTED = 130
 #: The plot file of each scenario, so that one run does not overwrite another's.
 PLOT_FILES = {
     "latency-mix": "tail-latency.png",
@@ -170,8 +175,13 @@ _check_mix = _checked_by("LatencyMix")
 
 @click.command(
     short_help="Compare publish tail latency without and with hedging.",
-    epilog="Exit codes: 0 done; 1 the run failed or was declined at the prompt; 2 bad usage; "
-    "3 no server at the endpoint; 130 interrupted (Ctrl-C; the partial results are written).",
+    epilog=exit_codes_help(
+        (EXIT_OK, "done"),
+        (EXIT_FAILED, "the run failed or was declined at the prompt"),
+        (EXIT_USAGE, "bad usage"),
+        (EXIT_UNREACHABLE, "no server at the endpoint"),
+        (EXIT_INTERRUPTED, "interrupted by Ctrl-C (the partial results are written)"),
+    ),
 )
 @click.option(
     "--messages",
@@ -583,12 +593,20 @@ def _run_remote(
     """The bench against a running service: create the topic if asked, run, delete it again."""
     admin = None
     if create_topic:
-        admin = _admin_client(remote.endpoint)
+        import google.auth.exceptions
+
+        try:
+            admin = _admin_client(remote.endpoint)
+        except google.auth.exceptions.GoogleAuthError as error:
+            raise click.ClickException(
+                f"no Application Default Credentials for Google Cloud Pub/Sub: {error} (run "
+                "`gcloud auth application-default login`, or give --endpoint)"
+            ) from None
         try:
             admin.create_topic(remote.topic)
         except RpcError as error:
             admin.close()
-            code = EXIT_UNREACHABLE if error.code is StatusCode.UNAVAILABLE else 1
+            code = EXIT_UNREACHABLE if error.code is StatusCode.UNAVAILABLE else EXIT_FAILED
             console.print(f"[red]error[/]: cannot create {remote.topic}: {error}")
             sys.exit(code)
     try:

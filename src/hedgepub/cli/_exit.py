@@ -10,6 +10,7 @@
 5     the topic or subscription already exists (ALREADY_EXISTS)
 6     the command needs an extra that is not installed (``pip install 'hedgepub[server]'``, ...)
 128+N ``hedgepub serve``: a second signal N during shutdown ended it at once (130: Ctrl-C)
+130   ``hedgepub bench``: Ctrl-C stopped the run early (the partial results are written)
 ====  ========================================================================================
 
 Each command's ``--help`` ends with the codes it can exit with, built by :func:`exit_codes_help`.
@@ -24,6 +25,8 @@ EXIT_UNREACHABLE = 3
 EXIT_NOT_FOUND = 4
 EXIT_ALREADY_EXISTS = 5
 EXIT_MISSING_EXTRA = 6
+#: ``hedgepub bench`` stopped by Ctrl-C (the shell's code for SIGINT), its partial results written.
+EXIT_INTERRUPTED = 130
 
 
 def exit_codes_help(*meanings: tuple[int | str, str]) -> str:

@@ -173,6 +173,8 @@ def test_a_file_is_closed_after_max_duration_and_transforms_apply(
         ({"bucket": "b1b", "filename_suffix": "x/"}, "must not end in '/'"),
         ({"bucket": "b1b", "filename_prefix": "../up/"}, "'..'"),
         ({"bucket": "b1b", "filename_datetime_format": "YYYY%m"}, "filename_datetime_format"),
+        ({"bucket": "b1b", "filename_datetime_format": "../YYYY"}, "'..'"),
+        ({"bucket": "b1b", "filename_suffix": "/../x"}, "'..'"),
     ],
 )
 def test_cloud_storage_configs_are_checked(

@@ -101,6 +101,8 @@ class _OpenFile:
         partial.mkdir(parents=True, exist_ok=True)
         self.temporary = partial / f"{subscription_id}-{self.unique}"
         self.final = bucket / file_name(config.cloud_storage_config, now_utc, self.unique)
+        if not self.final.resolve().is_relative_to(bucket.resolve()):  # the checks at create forbid it
+            raise ValueError(f"file name {self.final} is outside its bucket {bucket}")
         self.opened = opened
         self.ack_ids: list[str] = []
         self.bytes = 0

@@ -99,11 +99,12 @@ def check_cloud_storage(storage: Any) -> None:
             "prefix such as gs://; bucket names are 3 to 63 lowercase letters, digits, dashes, "
             "underscores and dots, starting and ending with a letter or digit."
         )
-    for field in ("filename_prefix", "filename_suffix"):
+    for field in ("filename_prefix", "filename_suffix", "filename_datetime_format"):
         value = getattr(storage, field)
         if len(value.encode()) > 512 or any(character in value for character in "\r\n\0"):
             raise invalid(f"Invalid cloud_storage_config.{field} ({value!r}): not a valid object name part.")
-        if any(part in ("..", ".") for part in value.split("/")[:-1]) or value.startswith("/"):
+        # The bucket is a folder here: no part of a file's name may climb out of it.
+        if any(part in ("..", ".") for part in value.split("/")) or value.startswith("/"):
             raise invalid(
                 f"Invalid cloud_storage_config.{field} ({value!r}): '.' and '..' are not allowed as "
                 "folder names, nor a leading '/'."
