@@ -72,8 +72,7 @@ def check_topic_fields(topic: Any) -> None:
     check_transforms(topic.message_transforms)
 
 
-#: Topic.State values.
-TOPIC_ACTIVE = 1
+#: Topic.State INGESTION_RESOURCE_ERROR.
 TOPIC_INGESTION_RESOURCE_ERROR = 2
 
 
