@@ -39,7 +39,7 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits
-from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.limits import ServiceError, check_message, invalid
 
 __all__ = [
     "MAX_TRANSFORMS",
@@ -336,8 +336,6 @@ def _udf_step(udf: _Udf) -> _Apply:
 
 
 def _check_result(message: Any) -> None:
-    from hedgepub.server._pubsub.resources import check_message  # resources imports this module
-
     try:
         check_message(message)
     except ServiceError as error:
