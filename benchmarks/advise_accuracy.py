@@ -5,11 +5,12 @@ replays the unhedged publisher's latencies alone (send times and latencies of it
 ``results.json`` holds under ``samples``) through the hedging engine with each hedged publisher's
 settings, exactly as ``hedgepub advise`` does, and compares the predicted p99 and extra RPCs per publish
 with what that hedged publisher measured in the same run. The replay starts as the bench's hedged
-publishers did, with the tokens their buckets held then (``config.run.tokens_at_start``: full after the
-warm-up), and plays the schedule once (as ``hedgepub advise --passes 1``; the advice's default of two
-passes predicts the steady state instead, where only the refill ratio pays for hedges). The scenarios
-alternate round by round (interleaved), so a busy spell of the machine does not fall on one scenario
-only.
+publishers did: with the tokens their buckets held (``config.run.tokens_at_start``: full after the
+warm-up) and, for the adaptive delay, an estimator holding as many latencies as the warm-up published,
+at the delay they had given (``config.run.hedge_delay_at_start_ms``); it plays the schedule once (as
+``hedgepub advise --passes 1``; the advice's default of two passes predicts the steady state instead,
+where only the refill ratio pays for hedges). The scenarios alternate round by round (interleaved), so a
+busy spell of the machine does not fall on one scenario only.
 
 Publishers compared: the default mix's ``fixed-100ms`` and ``adaptive``; correlated-stalls' ``hedged``
 (hedges to the stalling primary; ``cross_endpoint`` hedges to another server, whose latency the
@@ -51,8 +52,14 @@ def _compare(scenario: str, seed: int, messages: int | None) -> list[tuple[str, 
             continue
         # as the bench ran: the bucket as its warm-up left it (full, unless the machine made the warm-up's
         # own publishes slow enough to hedge), one pass of the schedule
-        tokens = run.document["config"]["run"]["tokens_at_start"][spec.name]
-        predicted = replay(samples, spec.hedging, passes=1, initial_tokens=tokens)
+        started = run.document["config"]["run"]
+        tokens = started["tokens_at_start"][spec.name]
+        # an adaptive delay's estimator held the warm-up's latencies: as many at the delay they gave
+        delay = (
+            started["hedge_delay_at_start_ms"][spec.name] / 1000,
+            run.document["config"]["warmup_publishes"],
+        )
+        predicted = replay(samples, spec.hedging, passes=1, initial_tokens=tokens, initial_delay=delay)
         measured = run.document["results"][spec.name]
         rows.append(
             (
