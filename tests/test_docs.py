@@ -236,6 +236,16 @@ def test_the_files_a_page_names_exist(page: Path) -> None:
     assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {sorted(missing)}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_table_rows_are_whole(page: Path) -> None:
+    # A row wrapped onto a second line ends the table there, and the rest shows as a loose paragraph.
+    outside = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    broken = [
+        line for line in outside.splitlines() if line.startswith("|") and not line.rstrip().endswith("|")
+    ]
+    assert not broken, f"{page.relative_to(ROOT)}: table rows cut short: {broken}"
+
+
 def test_the_readme_stays_a_front_page() -> None:
     # The README says what hedgepub is and links into docs/; the details live on the pages.
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")

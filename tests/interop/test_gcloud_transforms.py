@@ -1,12 +1,22 @@
 """``gcloud pubsub message-transforms validate`` and ``test`` against ``hedgepub serve``, and a topic and a
-subscription created with ``--message-transforms-file``. Skipped where gcloud is not installed."""
+subscription created with ``--message-transforms-file``, and a Cloud Storage subscription created with
+gcloud's flags that writes its files. Skipped where gcloud is not installed."""
 
 from __future__ import annotations
 
 import base64
 import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+from google.cloud import pubsub_v1
+
+from .._cli import served_address, terminate
 from .test_gcloud import PROJECT, Gcloud, gcloud, serve  # noqa: F401 (fixtures)
 
 REDACT = """function redactSSN(message, metadata) {
@@ -94,3 +104,86 @@ def test_test_applies_a_file_a_topic_and_a_subscription(gcloud: Gcloud, tmp_path
         "pubsub", "message-transforms", "test", "--message", "x", "--message-transforms-file", failing
     )
     assert result == [{"failedMessage": {"error": {"code": 3, "message": "boom threw: Error: no"}}}]
+
+
+@pytest.fixture
+def serve_buckets(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``hedgepub serve --in-memory --buckets-dir DIR``; yields its address and DIR."""
+    buckets = tmp_path / "buckets"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hedgepub",
+            "serve",
+            "--in-memory",
+            "--port",
+            "0",
+            "--buckets-dir",
+            str(buckets),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield served_address(process, timeout=30), buckets
+    finally:
+        terminate(process)
+
+
+def test_gcloud_creates_a_cloud_storage_subscription_that_writes_files(
+    serve_buckets: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    executable = shutil.which("gcloud")
+    if executable is None:
+        pytest.skip("gcloud interop: `gcloud` is not on PATH")
+    address, buckets = serve_buckets
+    cli = Gcloud(executable, tmp_path / "gcloud-config", address)
+    cli.run("config", "set", "auth/disable_credentials", "true")
+    cli.run("config", "set", "api_endpoint_overrides/pubsub", f"http://{address}/")
+    cli.run("config", "set", "core/project", PROJECT)
+    cli.run("pubsub", "topics", "create", "events")
+    refused = cli.run(
+        "pubsub",
+        "subscriptions",
+        "create",
+        "bad",
+        "--topic",
+        "events",
+        "--cloud-storage-bucket",
+        "gs://b",
+        check=False,
+    )
+    assert refused.returncode != 0 and "Invalid cloud_storage_config.bucket" in refused.stderr
+    cli.run(
+        "pubsub",
+        "subscriptions",
+        "create",
+        "to-storage",
+        "--topic",
+        "events",
+        "--cloud-storage-bucket",
+        "my-bucket",
+        "--cloud-storage-file-prefix",
+        "logs/",
+        "--cloud-storage-file-suffix",
+        ".txt",
+        "--cloud-storage-max-messages",
+        "1000",
+    )
+    described = cli.json("pubsub", "subscriptions", "describe", "to-storage")
+    assert described["cloudStorageConfig"]["state"] == "ACTIVE"  # type: ignore[index]
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", address)
+    publisher = pubsub_v1.PublisherClient()
+    futures = [
+        publisher.publish(f"projects/{PROJECT}/topics/events", f"event {n}".encode()) for n in range(1000)
+    ]
+    for future in futures:
+        future.result(30)
+    publisher.stop()
+    folder = buckets / "my-bucket" / "logs"
+    end = time.monotonic() + 30
+    while time.monotonic() < end and not (folder.exists() and any(folder.glob("*.txt"))):
+        time.sleep(0.2)
+    (written,) = folder.glob("*.txt")
+    assert len(written.read_bytes().splitlines()) == 1000

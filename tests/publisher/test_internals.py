@@ -118,7 +118,12 @@ def test_plain_messages_are_sized_as_on_the_wire(length: int) -> None:
         futures.append(publisher.publish(TOPIC, payloads[2], kind="attributed"))
         futures.append(publisher.publish(TOPIC, payloads[0]))
         (batch,) = publisher._core._open.values()
-        assert batch.byte_size == batch.request.ByteSize()
+        assert batch.byte_size == batch.request.ByteSize() == len(batch.wire())
+        # The bytes framed by hand are those protobuf would write for the same messages.
+        messages = [PubsubMessagePb(data=payload) for payload in (payloads[0], payloads[1])]
+        messages += [PubsubMessagePb(data=payloads[2], attributes={"kind": "attributed"})]
+        messages += [PubsubMessagePb(data=payloads[0])]
+        assert batch.wire() == PublishRequestPb(topic=TOPIC, messages=messages).SerializeToString()
     assert [f.result() for f in futures] == ["0", "1", "2", "3"]
     (call,) = transport.calls
     assert [m.data for m in call.request.messages] == [payloads[0], payloads[1], payloads[2], payloads[0]]

@@ -1,8 +1,13 @@
 """A batch: messages for one topic (and ordering key) that travel in one Publish request.
 
-Messages go straight into the raw ``PublishRequest`` as they are published, so the request that is sent
-is built once, with no copy and no proto-plus. Sizes are those of the wire: a request is its ``topic``
-field plus, per message, the field tag, the length prefix and the message's own ``ByteSize()``.
+A batch keeps its messages as the bytes they take in the request: a message of data alone is framed by
+hand (a few bytes of field tags and lengths, kept per length, then the caller's bytes, not copied), any
+other message is serialized once. The request that is sent is those pieces joined behind the topic field,
+built once when the batch is sent: no protobuf object per message, no proto-plus. Adding a message costs
+about half of adding it to a protobuf request, and the request needs no serializing. Transports that take
+the bytes (:class:`~hedgepub._transport.grpc.GrpcTransport`) get them; others get :attr:`Batch.request`,
+the same bytes parsed. Sizes are those of the wire: a request is its ``topic`` field plus, per message,
+the field tag, the length prefix and the message's own ``ByteSize()``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,49 @@ def field_size(payload_bytes: int) -> int:
 def request_overhead(topic: str) -> int:
     """Bytes of a ``PublishRequest`` holding ``topic`` and no messages."""
     return field_size(len(topic.encode("utf-8")))
+
+
+def varint(value: int) -> bytes:
+    """``value`` encoded as a protobuf varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+# Field tags (number << 3 | 2, length-delimited): PublishRequest.topic (1), PublishRequest.messages (2),
+# PubsubMessage.data (1).
+_TOPIC_TAG, _MESSAGES_TAG, _DATA_TAG = b"\x0a", b"\x12", b"\x0a"
+
+#: What goes before a payload of each length below 16 KiB to make it a framed message of data alone (at
+#: most 16,384 entries of 4 to 6 bytes: about 1.5 MiB with the dict, if every length is published).
+DATA_HEADS: dict[int, bytes] = {}
+
+
+def data_head(length: int) -> bytes:
+    """The bytes before a ``length``-byte payload that make it a framed message of data alone in a
+    ``PublishRequest`` (the ``messages`` field's tag and length, then the ``data`` field's; an empty
+    payload is an empty message)."""
+    head = DATA_HEADS.get(length)
+    if head is None:
+        body = _DATA_TAG + varint(length) if length else b""
+        head = _MESSAGES_TAG + varint(len(body) + length) + body
+        if length < 0x4000:
+            DATA_HEADS[length] = head
+    return head
+
+
+def message_head(size: int) -> bytes:
+    """The bytes before a serialized message of ``size`` bytes that frame it in a ``PublishRequest``."""
+    return _MESSAGES_TAG + varint(size)
+
+
+def topic_field(topic: str) -> bytes:
+    """A ``PublishRequest``'s ``topic`` field."""
+    encoded = topic.encode("utf-8")
+    return _TOPIC_TAG + varint(len(encoded)) + encoded
 
 
 class BatchState(enum.Enum):
@@ -75,8 +123,8 @@ class Batch:
 
     __slots__ = (
         "__weakref__",
-        "add_message",
-        "append_message",
+        "_request",
+        "_wire",
         "batch_id",
         "byte_size",
         "condition",
@@ -85,8 +133,8 @@ class Batch:
         "lock",
         "open_key",
         "ordering_key",
+        "parts",
         "progress",
-        "request",
         "state",
         "timer",
         "topic",
@@ -104,10 +152,10 @@ class Batch:
         self.topic = topic
         self.ordering_key = ordering_key
         self.batch_id = batch_id
-        self.request: Any = PublishRequestPb(topic=topic)
-        # Bound once: these run once per message on the hot path.
-        self.add_message = self.request.messages.add
-        self.append_message = self.request.messages.append
+        #: The messages as they go on the wire, in order (see the module's docstring).
+        self.parts: list[bytes] = []
+        self._wire: bytes | None = None
+        self._request: Any = None
         self.byte_size = request_overhead(topic)
         self.futures: list[Any] = []
         #: Shared by the batch's futures (see hedgepub._publisher.futures) when they are concurrent futures.
@@ -125,6 +173,34 @@ class Batch:
         self.open_key = open_key
         #: Its attempts so far, once it is being sent (a hedgepub._publisher.sender.AttemptCounts).
         self.progress: Any = None
+
+    def add_data(self, data: bytes) -> None:
+        """Add a message of ``data`` alone (holding the batch's lock)."""
+        self.parts += (data_head(len(data)), data)
+
+    def add_message(self, message: Any) -> None:
+        """Add a raw ``PubsubMessage`` (holding the batch's lock)."""
+        body = message.SerializeToString()
+        self.parts += (message_head(len(body)), body)
+
+    def wire(self) -> bytes:
+        """The serialized ``PublishRequest``; built once the batch is sealed (it is kept from then on)."""
+        wire = self._wire
+        if wire is None:
+            wire = topic_field(self.topic) + b"".join(self.parts)
+            if self.state is not BatchState.OPEN:
+                self._wire, self.parts = wire, []
+        return wire
+
+    @property
+    def request(self) -> Any:
+        """The ``PublishRequest`` as a raw protobuf message, parsed from :meth:`wire` (once sealed, once)."""
+        request = self._request
+        if request is None:
+            request = PublishRequestPb.FromString(self.wire())
+            if self._wire is not None:
+                self._request = request
+        return request
 
     @property
     def message_count(self) -> int:

@@ -10,8 +10,9 @@ and is safe to call from any thread.
 
 The hot path is built for throughput:
 
-* ``publish`` validates, then adds the message straight into the raw ``PublishRequest`` of the open batch
-  (no proto-plus, no copy, no task per message), under that batch's own lock;
+* ``publish`` validates, then adds the message to the open batch as the bytes it takes in the request
+  (see :mod:`hedgepub._publisher.batch`: no protobuf object, no proto-plus, no task per message), under
+  that batch's own lock; a message of data alone goes through :meth:`_PublisherCore.add_plain`, one call;
 * threads do not wait for each other: messages without an ordering key go into an open batch of the
   publishing thread's own (per topic), found, filled, sealed and replaced without the publisher's lock
   (each batch has its own), so eight threads sharing one client publish as fast as one. Messages with an
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from hedgepub._clock import Clock, TimerHandle
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._hedging.budget import HedgingBudget
-from hedgepub._publisher.batch import Batch, BatchState
+from hedgepub._publisher.batch import DATA_HEADS, Batch, BatchState, data_head
 from hedgepub._publisher.flow_control import FlowController
 from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
 from hedgepub._publisher.messages import MessagePreparer
@@ -215,7 +216,7 @@ class _PublisherCore:
         try:
             if batch.state is not BatchState.OPEN or batch.byte_size + framed > self._max_bytes:
                 return None
-            batch.add_message(data=data)
+            batch.parts += (DATA_HEADS.get(length) or data_head(length), data)
             batch.byte_size += framed
             future = BatchFuture(batch.condition)
             futures = batch.futures
@@ -261,9 +262,9 @@ class _PublisherCore:
     def _put(self, batch: Batch, data: bytes, message: Any, size: int, framed: int) -> Any:
         """Write the message into ``batch`` and make its future (holding the batch's lock)."""
         if message is None:
-            batch.add_message(data=data)
+            batch.add_data(data)
         else:
-            batch.append_message(message)
+            batch.add_message(message)
         batch.byte_size += framed
         batch.flow_bytes += size
         if self.sync_futures:

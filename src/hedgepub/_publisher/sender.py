@@ -92,7 +92,8 @@ class BatchSender:
         routes = self.routes
         clock = self.clock
         routes.open_all()  # every endpoint's channel opens with the first batch, hedge endpoints too
-        request = batch.request
+        # The request's bytes for transports that send bytes (gRPC), parsed once for any other.
+        wire = batch.wire()
         topic = batch.topic
         batch_id = batch.batch_id
         # Rule 8: wall-clock time (the service compares it across clients), taken once per batch.
@@ -116,6 +117,7 @@ class BatchSender:
                     metadata = headers[attempt_number] = request_metadata(
                         topic, batch_id, attempt_number, started
                     )
+                request = wire if getattr(transport, "sends_bytes", False) else batch.request
                 ids = await transport.publish(request, metadata, timeout)
             except Exception as error:  # not CancelledError: a loser cancelled by the engine did not fail
                 connected = routes.channel_connected(index)

@@ -100,7 +100,6 @@ class BatchTrace:
 
     def __init__(self, telemetry: PublisherTelemetry, batch: Batch) -> None:
         self._telemetry = telemetry
-        self._batch = batch
         project, short = _topic_parts(batch.topic)
         self._short = short
         self._create_spans = telemetry.create_spans_of(batch.request.messages)

@@ -140,7 +140,8 @@ class Transport(Protocol):
     """Sends one Publish request; the seam between the publisher and the network."""
 
     async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
-        """Publish ``request`` (a raw ``PublishRequest``) and return its message IDs.
+        """Publish ``request`` (a raw ``PublishRequest``; its serialized bytes for a transport whose
+        ``sends_bytes`` is true) and return its message IDs.
 
         Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
         """
@@ -335,14 +336,22 @@ def create_channel(
     )
 
 
+def _serialize_request(request: Any) -> bytes:
+    """A ``PublishRequest``'s bytes: given as they are, or serialized."""
+    return request if type(request) is bytes else request.SerializeToString()  # type: ignore[no-any-return]
+
+
 class GrpcTransport:
     """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
+
+    #: The publisher may hand :meth:`publish` a request's serialized bytes (a batch keeps them so).
+    sends_bytes = True
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
         self._publish = channel.unary_unary(
             PUBLISH_METHOD,
-            request_serializer=PublishRequestPb.SerializeToString,
+            request_serializer=_serialize_request,
             response_deserializer=PublishResponsePb.FromString,
         )
 

@@ -53,9 +53,7 @@ __all__ = [
     "EXIT_ALREADY_EXISTS",
     "EXIT_FAILED",
     "EXIT_NOT_FOUND",
-    "EXIT_OK",
     "EXIT_UNREACHABLE",
-    "EXIT_USAGE",
 ]
 
 _EXIT_BY_CODE = {

@@ -32,7 +32,8 @@ Layers, each a subpackage, calls going down only:
   answers REST calls through the gRPC face (routes and transcoding in :mod:`._api.rest_routes`);
   :mod:`._api.request_log` logs each call; :mod:`._api.client_telemetry` reads any client's hedges.
 - :mod:`._front`: the one public port, telling gRPC from HTTP/1.1 (:mod:`._front.front`, the ClientHello
-  of TLS in :mod:`._front.client_hello`) and relaying gRPC in a relay process (:mod:`._front.relay`).
+  of TLS in :mod:`._front.client_hello`) and relaying gRPC (:mod:`._front.relaying`) on the event loop or
+  in a relay process (:mod:`._front.relay`).
 - :mod:`._faults`: the fault injector, an interceptor around the faces (rules, delays, counts, units).
 - :mod:`._pubsub`: the service. :class:`~._pubsub.core.PubSubCore` is the coordinator the faces call:
   topics and subscriptions (checks in :mod:`._pubsub.resources`, :mod:`._pubsub.limits`); it hands
@@ -42,12 +43,13 @@ Layers, each a subpackage, calls going down only:
   :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in :mod:`._pubsub.schema_formats`),
   and push delivery to :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
 - :mod:`._store`: storage behind the :class:`Store` protocol: in memory (:mod:`._store.memory`) or SQLite
-  (:mod:`._store.sqlite`, written by the group-commit thread of :mod:`._store.group_commit`), in a data
-  directory (:mod:`._store.datadir`).
+  (:mod:`._store.sqlite`, its file's layout in :mod:`._store.sqlite_schema`, written by the group-commit
+  thread of :mod:`._store.group_commit`), in a data directory (:mod:`._store.datadir`).
 - :mod:`._iam`: who may call what (:data:`~._iam.iam.RPC_PERMISSIONS`, one entry per RPC of the table).
 
-:mod:`._local` wires them together (each part gets what it needs in its constructor); :mod:`._options`
-holds :class:`ServerOptions`.
+:mod:`._local` wires them together (each part gets what it needs in its constructor) and
+:mod:`._local_thread` runs that on a thread of its own (:class:`LocalServer`); :mod:`._options` holds
+:class:`ServerOptions`.
 """
 
 # First: without the `server` extra, say which extra to install rather than which module is missing
@@ -62,7 +64,8 @@ from hedgepub.server._faults.delays import LatencyMix, StallWindows
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._faults.rules import FaultRule
 from hedgepub.server._iam.iam import AllowAll, Authorizer, IamConfig, IamConfigError, IamEnforcer
-from hedgepub.server._local import AsyncLocalServer, LocalServer, serve
+from hedgepub.server._local import AsyncLocalServer, serve
+from hedgepub.server._local_thread import LocalServer
 from hedgepub.server._options import ServerOptions
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.limits import ServiceError

@@ -1,21 +1,17 @@
-"""Running the server: :class:`AsyncLocalServer` on the caller's event loop, :class:`LocalServer` on its own
-thread, and :func:`serve` for the command line.
+"""Running the server: :class:`AsyncLocalServer` on the caller's event loop and :func:`serve` for the
+command line (:class:`~hedgepub.server._local_thread.LocalServer` runs it on its own thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import secrets
-import shutil
 import socket
 import sqlite3
 import ssl
 import sys
-import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,10 +27,9 @@ from hedgepub.server._api.rest import RestGateway, http_protocol_factory
 from hedgepub.server._api.shedding import LoadShedder
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._front.front import OnePortFront
-from hedgepub.server._iam.iam import Authorizer, IamConfig, IamEnforcer
+from hedgepub.server._iam.iam import IamEnforcer
 from hedgepub.server._options import ServerOptions, with_settings
 from hedgepub.server._pubsub.core import PubSubCore
-from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
 from hedgepub.server._pubsub.oidc import CERTS_PATH, PushTokenSigner
 from hedgepub.server._pubsub.policies import IamPolicies
@@ -45,7 +40,7 @@ from hedgepub.server._store.datadir import (
     open_data_dir,
     push_key_path,
 )
-from hedgepub.server._store.memory import MemoryStore, Store, StoredMessage
+from hedgepub.server._store.memory import MemoryStore, Store
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
@@ -381,234 +376,3 @@ async def serve(
             await stop.wait()
     finally:
         await asyncio.shield(server.stop(grace))
-
-
-class LocalServer:
-    """The Pub/Sub server in this process, on its own thread and event loop; for tests and notebooks.
-
-    ``with LocalServer() as server:`` starts it on an ephemeral port of 127.0.0.1; ``server.address``
-    goes in ``PUBSUB_EMULATOR_HOST``. With neither ``data_dir`` nor ``in_memory`` it keeps SQLite in a
-    temporary directory that is removed when it stops. The arguments are those of
-    :class:`~hedgepub.server.ServerOptions`, where each is described: ``iam=IamConfig(...)`` enforces IAM;
-    ``tls_cert`` and ``tls_key`` (PEM files) make it serve TLS (gRPC and REST); ``rest=False`` turns the
-    REST face off. Unlike there, messages published while a topic has no subscription are kept, so that
-    :meth:`messages` shows them; ``keep_unsubscribed=False`` drops them, as the real service does (for
-    long runs, where they would only fill memory or disk).
-    """
-
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        data_dir: str | os.PathLike[str] | None = None,
-        in_memory: bool = False,
-        faults: FaultInjector | None = None,
-        *,
-        iam: IamConfig | None = None,
-        authorizer: Authorizer | None = None,
-        keep_unsubscribed: bool = True,
-        window: int = DEFAULT_WINDOW,
-        dedup_hedges: bool = False,
-        tls_cert: str | os.PathLike[str] | None = None,
-        tls_key: str | os.PathLike[str] | None = None,
-        rest: bool = True,
-        relay: str = "process",
-        relay_cpu: int | str | None = None,
-        buckets_dir: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self._temporary: str | None = None
-        self._server = AsyncLocalServer(
-            ServerOptions(
-                host=host,
-                port=port,
-                data_dir=data_dir,
-                in_memory=in_memory,
-                faults=faults,
-                iam=iam,
-                authorizer=authorizer,
-                keep_unsubscribed=keep_unsubscribed,
-                window=window,
-                dedup_hedges=dedup_hedges,
-                tls_cert=tls_cert,
-                tls_key=tls_key,
-                rest=rest,
-                relay=relay,
-                relay_cpu=relay_cpu,
-                buckets_dir=buckets_dir,
-            )
-        )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
-
-    @property
-    def address(self) -> str:
-        """``host:port`` of the running server."""
-        return self._server.address
-
-    @property
-    def host(self) -> str:
-        """The host the server listens on."""
-        return self._server.host
-
-    @property
-    def tls(self) -> bool:
-        """Whether the server speaks TLS (clients use ``endpoint="https://" + address``)."""
-        return self._server.tls
-
-    @property
-    def port(self) -> int:
-        """The port the server listens on (0 until started)."""
-        return self._server.port
-
-    @property
-    def push_certs_url(self) -> str | None:
-        """The URL of the keys that verify push requests' OIDC tokens (see :class:`AsyncLocalServer`)."""
-        return self._server.push_certs_url
-
-    @property
-    def hedge_dedup(self) -> HedgeBatchWindow | None:
-        """With ``dedup_hedges=True``, the window of committed hedged batches and its counts."""
-        return self._server.hedge_dedup
-
-    @property
-    def hedge_telemetry(self) -> HedgeTelemetry:
-        """Publish calls as Google's client-telemetry header describes them: ``.counts`` holds the
-        publishes, those with the header, the hedges among them and the malformed headers ignored."""
-        return self._server.hedge_telemetry
-
-    @property
-    def faults(self) -> FaultInjector:
-        """The server's :class:`~hedgepub.server.FaultInjector`; change its rules at any time."""
-        return self._server.faults
-
-    @property
-    def data_dir(self) -> str | None:
-        """Where SQLite lives (``None`` in memory)."""
-        data_dir = self._server.data_dir
-        return None if data_dir is None else str(data_dir)
-
-    @property
-    def running(self) -> bool:
-        """Whether the server thread is serving."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> LocalServer:
-        """Start serving on a new thread; returns once the port is open (raises if it cannot open)."""
-        if self._thread is not None:
-            raise RuntimeError("this LocalServer has already been started")
-        if not self._server.options.in_memory and self._server.data_dir is None:
-            self._temporary = tempfile.mkdtemp(prefix="hedgepub-server-")
-            self._server.data_dir = self._temporary
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        async def main() -> None:
-            self._stopped = asyncio.Event()
-            try:
-                await self._server.start()
-            except BaseException as error:
-                failure.append(error)
-                ready.set()
-                return
-            ready.set()
-            await self._stopped.wait()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(main())
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="hedgepub-server", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
-            self._cleanup()
-            raise failure[0]
-        return self
-
-    def stop(self, grace: float | None = None) -> None:
-        """Stop serving (calls in flight get ``grace`` seconds) and wait for the thread to end."""
-        thread, loop = self._thread, self._loop
-        if thread is None or loop is None or not thread.is_alive():
-            self._cleanup()
-            return
-
-        async def shutdown() -> None:
-            try:
-                await self._server.stop(grace)
-            finally:
-                assert self._stopped is not None
-                self._stopped.set()
-
-        with contextlib.suppress(RuntimeError):  # the loop may already be closing
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result()
-        thread.join()
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._temporary is not None:
-            shutil.rmtree(self._temporary, ignore_errors=True)
-            self._temporary = None
-
-    def _call(self, coroutine_function: Callable[[], Any], timeout: float | None = None) -> Any:
-        loop = self._loop
-        if loop is None or not self.running:
-            raise RuntimeError("the server is not running")
-        return asyncio.run_coroutine_threadsafe(coroutine_function(), loop).result(timeout)
-
-    def _core(self) -> PubSubCore:
-        core = self._server.core
-        if core is None:
-            raise RuntimeError("the server is not running")
-        return core
-
-    def messages(self, topic: str) -> list[StoredMessage]:
-        """Every message still stored on ``topic`` (full name), in publish order.
-
-        That is every message published while the topic had no subscription (unless
-        ``keep_unsubscribed=False``), and those some subscription has not acknowledged yet.
-        """
-
-        async def read() -> list[StoredMessage]:
-            return self._core().messages(topic)
-
-        return self._call(read)
-
-    def clear(self) -> None:
-        """Delete every topic, subscription, IAM policy and message."""
-
-        async def clear() -> None:
-            await self._core().clear()
-
-        self._call(clear)
-
-    def wait_until_idle(self, timeout: float = 10.0) -> bool:
-        """Wait until no message is waiting or leased on any subscription; False if ``timeout`` passed."""
-
-        async def wait() -> bool:
-            core = self._core()
-            loop = asyncio.get_running_loop()
-            end = loop.time() + timeout
-            while not core.is_idle():
-                if loop.time() >= end:
-                    return False
-                await asyncio.sleep(0.01)
-            return True
-
-        return bool(self._call(wait))
-
-    def __enter__(self) -> LocalServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop(0)
-
-    def __repr__(self) -> str:
-        store = "in memory" if self._server.options.in_memory else f"data_dir={self.data_dir!r}"
-        state = f"serving on {self.address}" if self.running else "stopped"
-        return f"<LocalServer {state}, {store}>"

@@ -15,6 +15,9 @@ from google.protobuf import field_mask_pb2
 
 from hedgepub.server import LocalServer
 
+# return_immediately: an empty answer at once instead of after the server's Pull wait (as test_replay).
+pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag is deprecated:DeprecationWarning")
+
 PROJECT = "projects/smt-project"
 TOPIC = f"{PROJECT}/topics/people"
 DEAD = f"{PROJECT}/topics/people-dead"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import zlib
 
@@ -132,6 +133,22 @@ function hog(m) {
     with pytest.raises(TransformFailed, match="out of memory"):
         hog.apply(message(b"x", hog="1"))
     assert hog.apply(message(b"after")).data == b"after"
+    deep = Pipeline(
+        [udf("function deep(m) { function r(n) { return n ? r(n - 1) : 0; } r(1e6); return m; }", "deep")]
+    )
+    with pytest.raises(TransformFailed, match="stack overflow"):
+        deep.apply(message(b"x"))
+
+
+def test_a_pipeline_made_in_one_thread_runs_in_another() -> None:
+    code = "function f(m) { function r(n) { return n ? r(n - 1) : 0; } r(100); return m; }"
+    pipeline = Pipeline([udf(code, "f")])
+    results: list[object] = []
+    worker = threading.Thread(target=lambda: results.append(pipeline.apply(message(b"x")).data))
+    worker.start()
+    worker.join(10)
+    assert results == [b"x"]
+    assert pipeline_for([udf(code, "f")]) is not None
 
 
 def test_udf_has_no_file_network_or_module_access() -> None:

@@ -32,8 +32,8 @@ MAX_MAX_BYTES = 10 * 1024**3
 MIN_MAX_MESSAGES = 1000
 #: Datetime part of a file name when ``filename_datetime_format`` is empty.
 DEFAULT_DATETIME_FORMAT = "YYYY-MM-DDThh:mm:ssZ"
-#: What a ``filename_datetime_format`` may hold: these fields, and separators between them.
-DATETIME_FIELDS = ("YYYY", "MM", "DD", "hh", "mm", "ss")
+#: What a ``filename_datetime_format`` may hold: the fields YYYY, MM, DD, hh, mm and ss, and separators
+#: between them.
 _DATETIME_FORMAT = re.compile(r"(?:YYYY|MM|DD|hh|mm|ss|[-_:/T Z+.])+")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
 _BIGQUERY_TABLE = re.compile(r"[A-Za-z0-9.:-]{1,128}\.[A-Za-z0-9_]{1,1024}\.[\w$-]{1,1024}", re.UNICODE)

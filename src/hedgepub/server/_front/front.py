@@ -16,10 +16,11 @@ relay gRPC's bytes itself: it hands each gRPC connection's socket to a small rel
 core. That process starts in its own session, so that a scheduler that shares CPU between sessions
 (Linux's autogroups) does not make it queue behind the server's busy thread. Elsewhere, or when the
 process cannot be started, or with ``ServerOptions(relay="loop")``, the server's event loop
-relays them (:class:`_LoopRelay`): one callback per chunk and direction, on the raw sockets
-rather than through asyncio's transports, whose extra layers cost measurably more. The figures of both
-are in the README ("REST front cost"); ``rest=False`` avoids the relay altogether. A relay process that
-dies is started again (at most once per :data:`RELAY_RESTART_SECONDS`); meanwhile the event loop relays.
+relays them (:class:`~hedgepub.server._front.relaying.LoopRelay`): one callback per chunk and
+direction, on the raw sockets rather than through asyncio's transports, whose extra layers cost
+measurably more. The figures of both are in the README ("REST front cost"); ``rest=False`` avoids the
+relay altogether. A relay process that dies is started again (at most once per
+:data:`RELAY_RESTART_SECONDS`); meanwhile the event loop relays.
 
 The front defends itself against clients that hold connections without using them: a connection that
 has not yet sent enough bytes to tell it apart costs nothing while it waits (where the socket option
@@ -49,15 +50,14 @@ import os
 import secrets
 import socket
 import ssl
-import subprocess
 import sys
 import time
 import urllib.parse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
 from hedgepub.server._front.client_hello import MAX_PEEK_BYTES, NotClientHello, read_client_hello, wants_grpc
+from hedgepub.server._front.relaying import RETRY, LoopRelay, RelayProcess
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -65,9 +65,6 @@ logger = logging.getLogger("hedgepub.server")
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: Bytes that tell the two apart: no HTTP/1.1 method starts with "PRI".
 _SNIFF_BYTES = 3
-#: Largest chunk relayed at once. Not more: glibc serves allocations from 128 KiB up with mmap, and a
-#: recv() of 256 KiB measured three times the cost of one of 64 KiB for the same 12 KB request.
-RELAY_CHUNK = 64 * 1024
 #: How long a connection may take to send its first bytes (its whole ClientHello, on a TLS port) before it
 #: is closed; on a TLS port, its REST connections get as long again to finish the handshake.
 SNIFF_TIMEOUT_SECONDS = 10.0
@@ -95,7 +92,6 @@ PLAIN_TEXT_ON_TLS_ANSWER = (
 #: Listen backlog of the public socket.
 BACKLOG = 128
 
-_RETRY = (BlockingIOError, InterruptedError)
 #: Where a new connection goes: relayed to the gRPC face, served as HTTP/1.1, or closed.
 _Way = Literal["grpc", "http", "refuse"]
 #: How the front may relay gRPC connections: by the relay process where it runs (else on the event loop),
@@ -127,144 +123,6 @@ def client_peer(peer: str) -> str:
     return peer
 
 
-class _LoopRelay:
-    """Both directions of one gRPC connection relayed on the event loop: the public socket and the one to
-    the gRPC face."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        client: socket.socket,
-        upstream: socket.socket,
-        front: OnePortFront,
-    ) -> None:
-        self._loop = loop
-        self._client = client
-        self._upstream = upstream
-        self._front = front
-        self._closed = False
-        front.relays.add(self)
-        loop.add_reader(client.fileno(), self._forward, client, upstream)
-        loop.add_reader(upstream.fileno(), self._forward, upstream, client)
-
-    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            data = source.recv(RELAY_CHUNK)
-        except _RETRY:
-            return
-        except OSError:
-            self.close()
-            return
-        if not data:
-            # HTTP/2 does not half-close a connection: either side's end ends both.
-            self.close()
-            return
-        try:
-            sent = sink.send(data)
-        except _RETRY:
-            sent = 0
-        except OSError:
-            self.close()
-            return
-        if sent < len(data):
-            # The sink is full: stop reading the source until the rest is written.
-            self._loop.remove_reader(source.fileno())
-            self._loop.add_writer(sink.fileno(), self._drain, source, sink, memoryview(data)[sent:])
-
-    def _drain(self, source: socket.socket, sink: socket.socket, rest: memoryview) -> None:
-        try:
-            sent = sink.send(rest)
-        except _RETRY:
-            return
-        except OSError:
-            self.close()
-            return
-        self._loop.remove_writer(sink.fileno())
-        if sent < len(rest):
-            self._loop.add_writer(sink.fileno(), self._drain, source, sink, rest[sent:])
-        else:
-            self._loop.add_reader(source.fileno(), self._forward, source, sink)
-
-    def close(self) -> None:
-        """Close both sockets (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._front.relays.discard(self)
-        for sock in (self._client, self._upstream):
-            with contextlib.suppress(ValueError, OSError):  # fileno() is -1 once a socket is closed
-                self._loop.remove_reader(sock.fileno())
-                self._loop.remove_writer(sock.fileno())
-            sock.close()
-
-
-class _RelayProcess:
-    """The child process that relays gRPC connections (see :mod:`hedgepub.server._front.relay`)."""
-
-    def __init__(self, cpu: int | str | None = None) -> None:
-        self.started = time.monotonic()
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    str(Path(__file__).with_name("relay.py")),
-                    str(child.fileno()),
-                    *(() if cpu is None else (str(cpu),)),
-                ],
-                pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,  # it writes nothing there; a reader of the server's waits for EOF
-                start_new_session=True,
-            )
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
-        parent.setblocking(False)
-        self._control = parent
-
-    def watch(self, loop: asyncio.AbstractEventLoop, on_death: Callable[[], None]) -> None:
-        """Call ``on_death`` once the process is gone: its end of the control socket closes then."""
-
-        def readable() -> None:
-            try:
-                data = self._control.recv(1)
-            except _RETRY:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                with contextlib.suppress(ValueError, OSError):
-                    loop.remove_reader(self._control.fileno())
-                on_death()
-
-        loop.add_reader(self._control.fileno(), readable)
-
-    def hand_over(self, client: socket.socket, target: str, name: str) -> None:
-        """Give ``client`` to the process, to relay to the abstract unix name ``target`` from ``name``.
-
-        Raises OSError when the process cannot take it (it died, or is too far behind to read).
-        """
-        socket.send_fds(self._control, [f"{target}\0{name}".encode()], [client.fileno()])
-        client.close()
-
-    async def stop(self) -> None:
-        """Close the control socket, which ends the process; wait for it."""
-        with contextlib.suppress(ValueError, OSError):
-            asyncio.get_running_loop().remove_reader(self._control.fileno())
-        self._control.close()
-        for _ in range(200):
-            if self.process.poll() is not None:
-                return
-            await asyncio.sleep(0.01)
-        self.process.kill()
-        self.process.wait()
-
-
 class OnePortFront:
     """The public listener: gRPC connections relayed to the gRPC face, HTTP/1.1 ones served here.
 
@@ -291,10 +149,10 @@ class OnePortFront:
         self._http_protocol_factory: Callable[[], Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Connections being relayed, and those not yet told apart (with their timeout), closed on stop.
-        self.relays: set[_LoopRelay] = set()
+        self.relays: set[LoopRelay] = set()
         self._sniffing: dict[socket.socket, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._relay_process: _RelayProcess | None = None
+        self._relay_process: RelayProcess | None = None
         self._relay_wanted = False
         self._relay_last_start = -RELAY_RESTART_SECONDS
         #: Accepting: paused after running out of descriptors, and the failures not yet logged.
@@ -353,14 +211,14 @@ class OnePortFront:
         assert self._loop is not None
         self._relay_last_start = time.monotonic()
         try:
-            process = _RelayProcess(self._relay_cpu)
+            process = RelayProcess(self._relay_cpu)
         except OSError as error:
             logger.warning("relaying gRPC on the event loop: cannot start the relay process: %s", error)
             return
         self._relay_process = process
         process.watch(self._loop, lambda: self._relay_died(process))
 
-    def _relay_died(self, process: _RelayProcess) -> None:
+    def _relay_died(self, process: RelayProcess) -> None:
         """The relay process ended (killed, crashed): relay on the event loop until another is started."""
         if self._relay_process is not process:
             return
@@ -426,7 +284,7 @@ class OnePortFront:
         for _ in range(BACKLOG):
             try:
                 connection, _ = listener.accept()
-            except _RETRY:
+            except RETRY:
                 return
             except OSError as error:
                 if error.errno in _ACCEPT_EXHAUSTED:
@@ -449,7 +307,7 @@ class OnePortFront:
         assert self._loop is not None
         try:
             head = connection.recv(MAX_PEEK_BYTES if self._tls else _SNIFF_BYTES, socket.MSG_PEEK)
-        except _RETRY:
+        except RETRY:
             return
         except OSError:
             head = b""
@@ -561,7 +419,7 @@ class OnePortFront:
             return
         if upstream.family in (socket.AF_INET, socket.AF_INET6):
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _LoopRelay(self._loop, client, upstream, self)
+        LoopRelay(self._loop, client, upstream, self.relays)
 
     async def _serve_http(self, connection: socket.socket) -> None:
         assert self._loop is not None and self._http_protocol_factory is not None

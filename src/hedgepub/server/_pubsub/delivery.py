@@ -86,7 +86,7 @@ class SubscriptionState:
     def __init__(
         self,
         config: Any,
-        leasing: Leasing,
+        leasing: Leasing[SubscriptionState],
         pages: PageSource | None = None,
         window: int = DEFAULT_WINDOW,
         attempts: AttemptsSource | None = None,
@@ -103,7 +103,7 @@ class SubscriptionState:
         #: Serialized bytes of the messages counted by held() (ready, or waiting behind their key).
         self.held_bytes = 0
         self.ready: deque[Pending] = deque()
-        self.leases: dict[str, Lease] = {}
+        self.leases: dict[str, Lease[SubscriptionState]] = {}
         #: ordering key -> messages of that key waiting behind the one ready or leased.
         self.key_backlog: dict[str, deque[Pending]] = {}
         self._waiting = 0  # messages in key_backlog
@@ -374,7 +374,7 @@ class SubscriptionState:
         leasing.schedule(lease.deadline)
         self.restored.add(sequence)
 
-    def _release_flow(self, lease: Lease) -> None:
+    def _release_flow(self, lease: Lease[SubscriptionState]) -> None:
         lease.active = False
         self._leasing.live -= 1
         consumer = lease.consumer
@@ -396,7 +396,7 @@ class SubscriptionState:
             self.notify()
         return done
 
-    def nack(self, lease: Lease) -> None:
+    def nack(self, lease: Lease[SubscriptionState]) -> None:
         """A lease ended unacknowledged (nack or deadline): redeliver, or dead-letter if attempts ran out."""
         del self.leases[lease.ack_id]
         self._release_flow(lease)

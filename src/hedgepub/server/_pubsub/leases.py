@@ -13,15 +13,20 @@ import heapq
 import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from hedgepub._clock import Clock, TimerHandle
 from hedgepub.server._pubsub.limits import seconds
 
-if TYPE_CHECKING:
-    from hedgepub.server._pubsub.delivery import SubscriptionState
-
-__all__ = ["MAX_MESSAGES_PER_RESPONSE", "Consumer", "Lease", "Leasing", "Pending", "retry_delay"]
+__all__ = [
+    "MAX_MESSAGES_PER_RESPONSE",
+    "Consumer",
+    "Lease",
+    "LeaseHolder",
+    "Leasing",
+    "Pending",
+    "retry_delay",
+]
 
 #: Largest batch handed out at once (one Pull response or one StreamingPull response).
 MAX_MESSAGES_PER_RESPONSE = 1000
@@ -72,14 +77,27 @@ class Pending:
         self.size = message.ByteSize()
 
 
-class Lease:
+class LeaseHolder(Protocol):
+    """What a lease belongs to (a subscription's delivery state, :class:`.delivery.SubscriptionState`):
+    all the deadline timer needs of it. The subscription imports this module, never the reverse."""
+
+    def nack(self, lease: Lease[Any]) -> None:
+        """Take back ``lease``, whose deadline passed, for delivery again."""
+
+    def notify(self) -> None:
+        """Wake whoever waits for the subscription's ready messages."""
+
+
+#: The holder type of a :class:`Lease` and a :class:`Leasing`; the hooks below are called with it.
+H = TypeVar("H", bound=LeaseHolder)
+
+
+class Lease(Generic[H]):
     """A delivered, unacknowledged message: who holds it and until when."""
 
     __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
 
-    def __init__(
-        self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: SubscriptionState
-    ) -> None:
+    def __init__(self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: H) -> None:
         self.ack_id = ack_id
         self.state = state
         self.pending = pending
@@ -111,27 +129,28 @@ def retry_delay(policy: Any | None, attempts: int) -> float:
 
 
 #: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
-DeadLetterHook = Callable[["SubscriptionState", Pending, str], None]
+DeadLetterHook = Callable[[H, Pending, str], None]
 #: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
-DiscardHook = Callable[["SubscriptionState", list[int]], None]
+DiscardHook = Callable[[H, list[int]], None]
 #: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
 PageSource = Callable[[str, int, int, int], Sequence[tuple[int, Any]]]
 #: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
 #: deadline), with the message's count of deliveries so far.
-AttemptsHook = Callable[["SubscriptionState", Pending], None]
+AttemptsHook = Callable[[H, Pending], None]
 #: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
 AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
 
 
-class Leasing:
-    """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer."""
+class Leasing(Generic[H]):
+    """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer, and the
+    hooks a subscription (of type ``H``) calls into its owner with."""
 
     def __init__(
         self,
         clock: Clock,
-        dead_letter: DeadLetterHook,
-        discard: DiscardHook,
-        attempted: AttemptsHook | None = None,
+        dead_letter: DeadLetterHook[H],
+        discard: DiscardHook[H],
+        attempted: AttemptsHook[H] | None = None,
     ) -> None:
         self.clock = clock
         self.dead_letter = dead_letter
@@ -140,7 +159,7 @@ class Leasing:
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
-        self._deadlines: list[tuple[float, int, Lease]] = []
+        self._deadlines: list[tuple[float, int, Lease[H]]] = []
         self._heap_counter = itertools.count()
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
@@ -151,7 +170,7 @@ class Leasing:
         """A fresh ack ID, unique in this process and unlike any of an earlier process."""
         return f"{self._ack_prefix}-{next(self._ack_counter)}"
 
-    def watch(self, lease: Lease) -> None:
+    def watch(self, lease: Lease[H]) -> None:
         """Expire ``lease`` at its current deadline unless it ends or changes before."""
         heap = self._deadlines
         lease.entry = serial = next(self._heap_counter)
@@ -183,7 +202,7 @@ class Leasing:
         self._timer_at = float("inf")
         now = self.clock.now()
         heap = self._deadlines
-        touched: set[SubscriptionState] = set()
+        touched: set[H] = set()
         while heap and heap[0][0] <= now:
             _, serial, lease = heapq.heappop(heap)
             if not lease.active or lease.entry != serial:

@@ -322,3 +322,34 @@ def check_attribute_key(key: str) -> None:
     those themselves (``googclient_traceparent`` when tracing is on), and the service keeps them."""
     if key.startswith("goog") and not key.startswith("googclient_"):
         raise invalid(f"Attribute keys must not start with 'goog' (key={key}).")
+
+
+def check_message(message: Any) -> None:
+    """One message of a Publish request against the service's limits."""
+    data_size = len(message.data)
+    attributes = message.attributes
+    if not data_size and not attributes:
+        raise invalid(
+            "One or more messages in the publish request is empty. Each message must contain either "
+            "non-empty data, or at least one attribute."
+        )
+    if data_size > MAX_MESSAGE_DATA_BYTES:
+        raise too_large("message_size", data_size, MAX_MESSAGE_DATA_BYTES)
+    if attributes:
+        if len(attributes) > MAX_ATTRIBUTES:
+            raise too_large("attributes_count", len(attributes), MAX_ATTRIBUTES)
+        for key, value in attributes.items():
+            key_size = len(key.encode())
+            if key_size > MAX_ATTRIBUTE_KEY_BYTES:
+                raise too_large("attribute_key_size", key_size, MAX_ATTRIBUTE_KEY_BYTES)
+            if not key_size:
+                raise invalid("Attribute keys must not be empty.")
+            value_size = len(value.encode())
+            if value_size > MAX_ATTRIBUTE_VALUE_BYTES:
+                raise too_large("attribute_value_size", value_size, MAX_ATTRIBUTE_VALUE_BYTES)
+            check_attribute_key(key)
+    key = message.ordering_key
+    if key:
+        key_size = len(key.encode())
+        if key_size > MAX_ORDERING_KEY_BYTES:
+            raise too_large("ordering_key_size", key_size, MAX_ORDERING_KEY_BYTES)

@@ -17,7 +17,7 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 from hedgepub.server._exports.config import check_exports
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub.filters import compile_filter
-from hedgepub.server._pubsub.limits import invalid, not_found
+from hedgepub.server._pubsub.limits import check_message, invalid, not_found
 from hedgepub.server._pubsub.oidc import valid_service_account_email
 from hedgepub.server._pubsub.transforms import check_transforms
 
@@ -72,8 +72,7 @@ def check_topic_fields(topic: Any) -> None:
     check_transforms(topic.message_transforms)
 
 
-#: Topic.State values.
-TOPIC_ACTIVE = 1
+#: Topic.State INGESTION_RESOURCE_ERROR.
 TOPIC_INGESTION_RESOURCE_ERROR = 2
 
 
@@ -165,37 +164,6 @@ def check_push_config(push_config: Any) -> None:
             f"Unsupported push_endpoint (push_endpoint={endpoint}): it must be an absolute http:// or "
             "https:// URL."
         )
-
-
-def check_message(message: Any) -> None:
-    """One message of a Publish request against the service's limits."""
-    data_size = len(message.data)
-    attributes = message.attributes
-    if not data_size and not attributes:
-        raise invalid(
-            "One or more messages in the publish request is empty. Each message must contain either "
-            "non-empty data, or at least one attribute."
-        )
-    if data_size > limits.MAX_MESSAGE_DATA_BYTES:
-        raise limits.too_large("message_size", data_size, limits.MAX_MESSAGE_DATA_BYTES)
-    if attributes:
-        if len(attributes) > limits.MAX_ATTRIBUTES:
-            raise limits.too_large("attributes_count", len(attributes), limits.MAX_ATTRIBUTES)
-        for key, value in attributes.items():
-            key_size = len(key.encode())
-            if key_size > limits.MAX_ATTRIBUTE_KEY_BYTES:
-                raise limits.too_large("attribute_key_size", key_size, limits.MAX_ATTRIBUTE_KEY_BYTES)
-            if not key_size:
-                raise invalid("Attribute keys must not be empty.")
-            value_size = len(value.encode())
-            if value_size > limits.MAX_ATTRIBUTE_VALUE_BYTES:
-                raise limits.too_large("attribute_value_size", value_size, limits.MAX_ATTRIBUTE_VALUE_BYTES)
-            limits.check_attribute_key(key)
-    key = message.ordering_key
-    if key:
-        key_size = len(key.encode())
-        if key_size > limits.MAX_ORDERING_KEY_BYTES:
-            raise limits.too_large("ordering_key_size", key_size, limits.MAX_ORDERING_KEY_BYTES)
 
 
 def check_publish(messages: Any, request_bytes: int) -> None:

@@ -18,14 +18,17 @@ the message is filtered out), or raises :class:`TransformFailed`.
   decompress, or decompresses past the 10 MB message limit, fails the message.
 - **AI inference** transforms are refused (UNIMPLEMENTED, naming them) after their fields are checked.
 
-The contexts of compiled UDFs are kept (:func:`pipeline_for` caches by the transforms' bytes), so a UDF's
-global variables live on from one message to the next, as they may in the real service.
+The contexts of compiled UDFs are kept (:func:`pipeline_for` caches by the transforms' bytes and the
+thread), so a UDF's global variables live on from one message to the next, as they may in the real
+service. Deep recursion stops at QuickJS's stack limit (about 400 calls of a small function): a
+``stack overflow`` fails the message like any other exception.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -36,7 +39,7 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits
-from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.limits import ServiceError, check_message, invalid
 
 __all__ = [
     "MAX_TRANSFORMS",
@@ -333,8 +336,6 @@ def _udf_step(udf: _Udf) -> _Apply:
 
 
 def _check_result(message: Any) -> None:
-    from hedgepub.server._pubsub.resources import check_message  # resources imports this module
-
     try:
         check_message(message)
     except ServiceError as error:
@@ -421,7 +422,11 @@ def pipeline_for(transforms: Sequence[Any]) -> Pipeline | None:
     """
     if not transforms or all(transform.disabled for transform in transforms):
         return None
-    key = b"".join(transform.SerializeToString() + b"\x00" for transform in transforms)
+    # Per thread too: a JavaScript context is used only by the thread that made it (each LocalServer runs
+    # its own event loop thread), and servers in one process do not share a UDF's global variables.
+    key = threading.get_ident().to_bytes(8, "little") + b"".join(
+        transform.SerializeToString() + b"\x00" for transform in transforms
+    )
     found = _cache.get(key)
     if found is None:
         found = Pipeline(transforms)

@@ -19,57 +19,16 @@ from typing import Any
 
 from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
 from hedgepub.server._store.memory import HOLDING_KINDS, PubsubMessage, ResourceKind, Snapshot, resource_class
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS snapshots (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (sequence INTEGER PRIMARY KEY, topic TEXT NOT NULL, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS subscription_ids (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS refs (
-    subscription INTEGER NOT NULL,
-    sequence INTEGER NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (subscription, sequence)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS counts (sequence INTEGER PRIMARY KEY, refs INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS activity (subscription TEXT PRIMARY KEY, active_ns INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    subscription INTEGER NOT NULL,
-    sequence INTEGER NOT NULL,
-    ack_id TEXT NOT NULL,
-    deadline_ns INTEGER NOT NULL,
-    PRIMARY KEY (subscription, sequence)
-) WITHOUT ROWID;
-"""
-# How an acknowledgement (subscription ?1, sequence ?2) drops a reference, in this order. A message with
-# one reference has no ``counts`` row (the common case: one subscription, no extra b-tree to write at
-# publish); one with more counts its live references there. Each statement acts only if the reference
-# exists, so acknowledging twice, or a message the subscription never had, changes nothing.
-_REFERENCED = "EXISTS (SELECT 1 FROM refs WHERE subscription = ?1 AND sequence = ?2)"
-_UNREFERENCE = (
-    # The last reference: the message goes.
-    f"DELETE FROM messages WHERE sequence = ?2 AND {_REFERENCED} "
-    "AND COALESCE((SELECT refs FROM counts WHERE sequence = ?2), 1) <= 1",
-    f"UPDATE counts SET refs = refs - 1 WHERE sequence = ?2 AND {_REFERENCED}",
-    "DELETE FROM refs WHERE subscription = ?1 AND sequence = ?2",
-    "DELETE FROM counts WHERE sequence = ?2 AND refs <= 0",
+from hedgepub.server._store.sqlite_schema import (
+    KEEP,
+    REFERENCE,
+    TABLES,
+    connect,
+    drop_holder,
+    keep_counter_above,
+    migrate,
+    unreference,
 )
-# How a holder (?1) comes to reference a stored message (?2) it did not reference yet, in this order: the
-# message's count starts from the one reference it has when it has no row, and goes up by one.
-_NEW_REFERENCE = "EXISTS (SELECT 1 FROM messages WHERE sequence = ?2) AND NOT " + _REFERENCED
-_REFERENCE = (
-    f"INSERT OR IGNORE INTO counts (sequence, refs) SELECT ?2, 1 WHERE {_NEW_REFERENCE}",
-    f"UPDATE counts SET refs = refs + 1 WHERE sequence = ?2 AND {_NEW_REFERENCE}",
-    "INSERT OR IGNORE INTO refs (subscription, sequence) "
-    "SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM messages WHERE sequence = ?2)",
-)
-_TABLES = ("topics", "subscriptions", "policies", "schemas", "snapshots")
-#: The reference that keeps a message published to a topic without subscriptions (``keep_unsubscribed``).
-_KEEP = 0
 
 
 class SqliteStore:
@@ -98,7 +57,7 @@ class SqliteStore:
         self.keep_unsubscribed = keep_unsubscribed
         self._synchronous = synchronous.upper()
         self._reader = self._connect()
-        self._migrate(self._reader)
+        migrate(self._reader, keep_unsubscribed=keep_unsubscribed)
         #: subscription name -> its id in ``refs`` (owned by the event loop thread).
         self._ids: dict[str, int] = dict(self._reader.execute("SELECT name, id FROM subscription_ids"))
         (last_id,) = self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM subscription_ids").fetchone()
@@ -113,70 +72,7 @@ class SqliteStore:
         self._parsed_bytes = 0
 
     def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        # Only takes effect on a new, empty file (before the first table); an older file keeps its mode.
-        connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute(f"PRAGMA synchronous={self._synchronous}")
-        connection.execute("PRAGMA busy_timeout=10000")
-        # The WAL is truncated back to this after a checkpoint, so a burst does not leave a large file.
-        connection.execute("PRAGMA journal_size_limit=16777216")
-        # Checkpoints (copying the WAL into the database, with an fsync) every 16 MiB rather than SQLite's
-        # default 4 MiB: a quarter as many, which the ingest rate shows.
-        connection.execute("PRAGMA wal_autocheckpoint=4096")
-        connection.executescript(_SCHEMA)
-        return connection
-
-    def _migrate(self, connection: sqlite3.Connection) -> None:
-        """Bring a file of an earlier layout to this one.
-
-        The first layout kept a ``pending`` row per (subscription name, sequence) and every message for
-        good; the next one found a message's references through an index on ``refs (sequence)`` instead
-        of ``counts``; the one after that had no ``attempts`` column in ``refs`` (its messages start
-        from no recorded attempt, as they did at every restart then). Tables added since (``activity``)
-        need nothing here: the schema script creates them, empty.
-        """
-        columns = {row[1] for row in connection.execute("PRAGMA table_info(refs)")}
-        if "attempts" not in columns:
-            # A schema change only: existing rows read the default without being rewritten.
-            connection.execute("ALTER TABLE refs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0")
-        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master")}
-        if "refs_by_sequence" in tables:
-            connection.execute("BEGIN IMMEDIATE")
-            connection.execute(
-                "INSERT OR REPLACE INTO counts (sequence, refs) "
-                "SELECT sequence, COUNT(*) FROM refs GROUP BY sequence HAVING COUNT(*) > 1"
-            )
-            connection.execute("DROP INDEX refs_by_sequence")
-            connection.execute("COMMIT")
-        if "pending" not in tables:
-            return
-        connection.execute("BEGIN IMMEDIATE")
-        connection.execute("INSERT OR IGNORE INTO subscription_ids (name) SELECT name FROM subscriptions")
-        connection.execute(
-            "INSERT OR IGNORE INTO refs (subscription, sequence) SELECT i.id, p.sequence FROM pending p "
-            "JOIN subscription_ids i ON i.name = p.subscription"
-        )
-        connection.execute(
-            "INSERT OR REPLACE INTO counters (name, value) SELECT 'next_sequence', "
-            "MAX(COALESCE((SELECT MAX(sequence) FROM messages), 0) + 1, "
-            "COALESCE((SELECT value FROM counters WHERE name = 'next_sequence'), 1))"
-        )
-        unreferenced = "sequence NOT IN (SELECT sequence FROM refs)"
-        if self.keep_unsubscribed:
-            connection.execute(
-                f"INSERT INTO refs (subscription, sequence) SELECT {_KEEP}, sequence FROM messages "
-                f"WHERE {unreferenced}"
-            )
-        else:
-            connection.execute(f"DELETE FROM messages WHERE {unreferenced}")
-        connection.execute(
-            "INSERT INTO counts (sequence, refs) "
-            "SELECT sequence, COUNT(*) FROM refs GROUP BY sequence HAVING COUNT(*) > 1"
-        )
-        connection.execute("DROP TABLE pending")
-        connection.execute("DROP INDEX IF EXISTS messages_by_topic")
-        connection.execute("COMMIT")
+        return connect(self.path, self._synchronous)
 
     # ------------------------------------------------------------ reads
     def load(self) -> Snapshot:
@@ -184,7 +80,7 @@ class SqliteStore:
         snapshot = Snapshot()
         connection = self._reader
         for table, target in zip(
-            _TABLES,
+            TABLES,
             (
                 snapshot.topics,
                 snapshot.subscriptions,
@@ -262,7 +158,7 @@ class SqliteStore:
 
     async def put(self, kind: ResourceKind, name: str, body: Any) -> None:
         """Create or replace a resource (a new subscription gets the id its references carry)."""
-        if kind not in _TABLES:
+        if kind not in TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
         data = body.SerializeToString()
         identifier = self._new_identifier(name) if kind in HOLDING_KINDS else None
@@ -278,7 +174,7 @@ class SqliteStore:
 
     async def delete(self, kind: ResourceKind, name: str) -> None:
         """Delete a resource; a subscription's references go with it, and the messages only they kept."""
-        if kind not in _TABLES:
+        if kind not in TABLES:
             raise ValueError(f"unknown resource kind {kind!r}")
         # Forgotten at once, so that no append called from now on references the subscription.
         identifier = self._ids.pop(name, None) if kind in HOLDING_KINDS else None
@@ -288,7 +184,7 @@ class SqliteStore:
             if kind == "subscriptions":
                 connection.execute("DELETE FROM activity WHERE subscription = ?", (name,))
             if identifier is not None:
-                _drop_holder(connection, identifier)
+                drop_holder(connection, identifier)
 
         await self._write(operation)
 
@@ -321,7 +217,7 @@ class SqliteStore:
             return
 
         def operation(connection: sqlite3.Connection) -> None:
-            _drop_holder(connection, identifier)
+            drop_holder(connection, identifier)
 
         await self._write(operation)
 
@@ -334,7 +230,7 @@ class SqliteStore:
             return
 
         def operation(connection: sqlite3.Connection) -> None:
-            for statement in _REFERENCE:
+            for statement in REFERENCE:
                 connection.executemany(statement, rows)
 
         await self._write(operation)
@@ -358,7 +254,7 @@ class SqliteStore:
             if source_id is None:
                 return
             # Counted first, for the messages the snapshot does not reference yet (a publish committed in
-            # the same group may have referenced it already), as _REFERENCE does one at a time: a message
+            # the same group may have referenced it already), as REFERENCE does one at a time: a message
             # without a counts row has one reference, so its row starts at 1 before the increment.
             new = (
                 "sequence IN (SELECT sequence FROM refs WHERE subscription = ?1) AND NOT EXISTS "
@@ -511,11 +407,11 @@ class SqliteStore:
             highest = messages[-1][0] if messages else 0
 
             def count(connection: sqlite3.Connection) -> None:
-                _keep_counter_above(connection, "SELECT ?", highest)
+                keep_counter_above(connection, "SELECT ?", highest)
 
             await self._write(count)
             return
-        ids = ids or [_KEEP]
+        ids = ids or [KEEP]
         rows = [(sequence, topic, message.SerializeToString()) for sequence, message in messages]
         references = [(identifier, row[0]) for identifier in ids for row in rows]
         counts = [(row[0], len(ids)) for row in rows] if len(ids) > 1 else []
@@ -540,7 +436,7 @@ class SqliteStore:
         def operation(connection: sqlite3.Connection) -> None:
             # Retained acknowledged messages (retain_acked_messages, snapshots) would keep the reference
             # here, marked acknowledged with its time, instead of deleting it.
-            _unreference(connection, rows)
+            unreference(connection, rows)
 
         await self._write(operation)
 
@@ -551,8 +447,8 @@ class SqliteStore:
         self._parsed_bytes = 0
 
         def operation(connection: sqlite3.Connection) -> None:
-            _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-            for table in (*_TABLES, "refs", "counts", "leases", "activity", "subscription_ids", "messages"):
+            keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
+            for table in (*TABLES, "refs", "counts", "leases", "activity", "subscription_ids", "messages"):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation)
@@ -574,55 +470,6 @@ class SqliteStore:
         return f"SqliteStore({str(self.path)!r}, synchronous={self._synchronous})"
 
 
-def _resolve(item: Any, error: BaseException | None = None) -> None:
-    _, future, loop = item
-
-    def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
-
-    # RuntimeError: the caller's loop is gone, so nobody is waiting any more.
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(settle)
-
-
-def _keep_counter_above(connection: sqlite3.Connection, highest_query: str, *parameters: Any) -> None:
-    """Make the stored next sequence exceed what ``highest_query`` returns, before messages are deleted.
-
-    Message IDs must never be reused, and after a restart the next sequence is the larger of this
-    counter and the highest stored message + 1.
-    """
-    connection.execute(
-        "INSERT INTO counters (name, value) VALUES ('next_sequence', "
-        f"COALESCE(({highest_query}), 0) + 1) "
-        "ON CONFLICT (name) DO UPDATE SET value = MAX(value, excluded.value)",
-        parameters,
-    )
-
-
 def _publish_ns(body: bytes) -> int:
     stamp = PubsubMessage.FromString(body).publish_time
     return stamp.seconds * 1_000_000_000 + stamp.nanos
-
-
-def _drop_holder(connection: sqlite3.Connection, identifier: int) -> None:
-    """Delete a holder's references, its id, and the messages only it kept."""
-    rows = connection.execute(
-        "SELECT subscription, sequence FROM refs WHERE subscription = ?", (identifier,)
-    ).fetchall()
-    _unreference(connection, rows)
-    connection.execute("DELETE FROM leases WHERE subscription = ?", (identifier,))
-    connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
-
-
-def _unreference(connection: sqlite3.Connection, rows: list[tuple[int, int]]) -> None:
-    """Drop the references (holder id, sequence) in ``rows``, and the messages left with none."""
-    if not rows:
-        return
-    _keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-    for statement in _UNREFERENCE:
-        connection.executemany(statement, rows)
