@@ -5,11 +5,12 @@ replays the unhedged publisher's latencies alone (send times and latencies of it
 ``results.json`` holds under ``samples``) through the hedging engine with each hedged publisher's
 settings, exactly as ``hedgepub advise`` does, and compares the predicted p99 and extra RPCs per publish
 with what that hedged publisher measured in the same run. The replay starts as the bench's hedged
-publishers did, with the tokens their buckets held then (``config.run.tokens_at_start``: full after the
-warm-up), and plays the schedule once (as ``hedgepub advise --passes 1``; the advice's default of two
-passes predicts the steady state instead, where only the refill ratio pays for hedges). The scenarios
-alternate round by round (interleaved), so a busy spell of the machine does not fall on one scenario
-only.
+publishers did: with the tokens their buckets held (``config.run.tokens_at_start``: full after the
+warm-up) and, for the adaptive delay, an estimator holding as many latencies as the warm-up published,
+at the delay they had given (``config.run.hedge_delay_at_start_ms``); it plays the schedule once (as
+``hedgepub advise --passes 1``; the advice's default of two passes predicts the steady state instead,
+where only the refill ratio pays for hedges). The scenarios alternate round by round (interleaved), so a
+busy spell of the machine does not fall on one scenario only.
 
 Publishers compared: the default mix's ``fixed-100ms`` and ``adaptive``; correlated-stalls' ``hedged``
 (hedges to the stalling primary; ``cross_endpoint`` hedges to another server, whose latency the
@@ -32,12 +33,14 @@ from hedgepub.bench import BenchConfig, LatencySamples, replay, run_bench
 SCENARIOS = ("latency-mix", "correlated-stalls")
 
 
-def _compare(scenario: str, seed: int) -> list[tuple[str, float, float, float, float]]:
+def _compare(scenario: str, seed: int, messages: int | None) -> list[tuple[str, float, float, float, float]]:
     """(publisher, predicted p99, measured p99, predicted extra RPCs, measured extra RPCs) of one run."""
     if scenario == "correlated-stalls":
-        config = BenchConfig(scenario="correlated-stalls", hedge_delays=(0.1,), messages=1_800, seed=seed)
+        config = BenchConfig(
+            scenario="correlated-stalls", hedge_delays=(0.1,), messages=messages or 1_800, seed=seed
+        )
     else:
-        config = BenchConfig(seed=seed)
+        config = BenchConfig(seed=seed, messages=messages or BenchConfig().messages)
     run = asyncio.run(run_bench(config))
     unhedged = run.document["samples"]["unhedged"]
     samples = LatencySamples(
@@ -49,8 +52,14 @@ def _compare(scenario: str, seed: int) -> list[tuple[str, float, float, float, f
             continue
         # as the bench ran: the bucket as its warm-up left it (full, unless the machine made the warm-up's
         # own publishes slow enough to hedge), one pass of the schedule
-        tokens = run.document["config"]["run"]["tokens_at_start"][spec.name]
-        predicted = replay(samples, spec.hedging, passes=1, initial_tokens=tokens)
+        started = run.document["config"]["run"]
+        tokens = started["tokens_at_start"][spec.name]
+        # an adaptive delay's estimator held the warm-up's latencies: as many at the delay they gave
+        delay = (
+            started["hedge_delay_at_start_ms"][spec.name] / 1000,
+            run.document["config"]["warmup_publishes"],
+        )
+        predicted = replay(samples, spec.hedging, passes=1, initial_tokens=tokens, initial_delay=delay)
         measured = run.document["results"][spec.name]
         rows.append(
             (
@@ -69,12 +78,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario (default 3)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=None,
+        help="measured publishes per publisher (default: the scenario's, 2,000 and 1,800); more publishes "
+        "make each run's p99 steadier",
+    )
     arguments = parser.parse_args()
     ratios: dict[str, list[tuple[float, float]]] = {}
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     for round_number in range(arguments.rounds):
         for scenario in SCENARIOS:
-            for name, p99, live_p99, extra, live_extra in _compare(scenario, seed=round_number + 1):
+            compared = _compare(scenario, round_number + 1, arguments.messages)
+            for name, p99, live_p99, extra, live_extra in compared:
                 print(
                     f"round {round_number + 1} {name:32} p99 predicted {p99:8.1f} ms measured "
                     f"{live_p99:8.1f} ms; extra RPCs predicted {extra * 100:5.1f}% measured "

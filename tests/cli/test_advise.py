@@ -58,6 +58,12 @@ def test_hedging_after_100ms_cuts_the_predicted_tail_within_the_bucket() -> None
     rich, empty = replay(samples, poor, passes=1), replay(samples, poor, passes=1, initial_tokens=0)
     assert rich.hedges_sent == pytest.approx(50 + 0.01 * 2000, abs=2)
     assert empty.hedges_sent == pytest.approx(0.01 * 2000, abs=2)
+    # an adaptive delay with a history: 500 latencies of 1 s keep it at 1 s until they age out (two
+    # 10 s windows), so it hedges later than one that starts from 100 ms
+    adaptive = HedgingSettings(max_tokens=50, refill_ratio=0.1, adaptive_delay=AdaptiveDelay())
+    slow = replay(samples, adaptive, passes=1, initial_delay=(1.0, 500))
+    quick = replay(samples, adaptive, passes=1, initial_delay=(0.1, 500))
+    assert slow.p999_ms > quick.p999_ms and slow.hedges_sent < quick.hedges_sent
 
 
 def test_the_trace_model_sends_stall_windows_to_the_hedges_too() -> None:

@@ -427,18 +427,24 @@ def replay(
     passes: int = 2,
     name: str | None = None,
     initial_tokens: float | None = None,
+    initial_delay: tuple[float, int] | None = None,
 ) -> Prediction:
     """Replay ``samples`` through the hedging engine with ``hedging``, on virtual time; see the module.
 
     ``passes`` plays the schedule that many times in a row and reports the last one only. The bucket
     starts full, or empty without ``full_bucket``, or with ``initial_tokens`` when given (what a bench
-    run's publisher had: ``config.run.tokens_at_start`` of its ``results.json``).
+    run's publisher had: ``config.run.tokens_at_start`` of its ``results.json``). ``initial_delay``
+    ``(seconds, count)`` gives an adaptive delay a history: ``count`` latencies of ``seconds`` recorded
+    at the start, as a bench run's warm-up left its estimator (``config.run.hedge_delay_at_start_ms``
+    and ``config.warmup_publishes``); they age out of its windows as the live ones did.
     """
     from hedgepub.testing.virtual_time import run_virtual
 
     retry = retry or RetrySettings()
     source = _LatencySource(samples, model, rate or samples.rate() or DEFAULT_RATE, seed)
-    outcomes = run_virtual(_replay_all(source, hedging, retry, full_bucket, passes, initial_tokens))
+    outcomes = run_virtual(
+        _replay_all(source, hedging, retry, full_bucket, passes, initial_tokens, initial_delay)
+    )
     latencies = sorted(o.latency * 1000.0 for o in outcomes if o.ok)
     attempts = sum(o.attempts_sent for o in outcomes)
     chosen = candidate(hedging)
@@ -466,6 +472,7 @@ async def _replay_all(
     full_bucket: bool,
     passes: int,
     initial_tokens: float | None = None,
+    initial_delay: tuple[float, int] | None = None,
 ) -> list[Any]:
     # The engine's own pieces, as a publisher builds them for one topic.
     from hedgepub._hedging.bucket import TokenBucket
@@ -488,6 +495,10 @@ async def _replay_all(
     # one pass after the other, a mean gap apart
     period = arrivals[-1] + (arrivals[-1] / (len(arrivals) - 1) if len(arrivals) > 1 else 1.0)
     start = loop.time()
+    if delay_source is not None and initial_delay is not None:
+        seconds, count = initial_delay
+        for _ in range(count):
+            delay_source.record(seconds, start)
 
     async def one(index: int, pass_start: float) -> BatchOutcome:
         first = True

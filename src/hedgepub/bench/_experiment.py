@@ -294,6 +294,8 @@ class _Counters:
     hedges_by_endpoint: dict[str, int]
     #: tokens in the hedging bucket(s) when read
     tokens: float = 0.0
+    #: the hedge delay when read, ms (the adaptive one moves)
+    delay_ms: float = 0.0
 
     @classmethod
     def of(cls, client: AsyncPublisherClient, endpoint_names: Mapping[str, str]) -> _Counters:
@@ -303,7 +305,12 @@ class _Counters:
             for address, endpoint in stats.endpoints.items()
         }
         return cls(
-            stats.attempts_sent, stats.hedges_sent, stats.hedges_won, by_endpoint, stats.tokens_available
+            stats.attempts_sent,
+            stats.hedges_sent,
+            stats.hedges_won,
+            by_endpoint,
+            stats.tokens_available,
+            stats.hedge_delay_ms,
         )
 
     def __sub__(self, other: _Counters) -> _Counters:
@@ -316,6 +323,7 @@ class _Counters:
                 for name, sent in self.hedges_by_endpoint.items()
             },
             self.tokens,
+            self.delay_ms,
         )
 
 
@@ -650,6 +658,10 @@ async def _run(
     # what each hedged publisher's bucket held when the measured period began (full after a warm-up)
     config_entry["run"]["tokens_at_start"] = {
         name: round(measured.before[name].tokens, 3) for name in names if name != UNHEDGED
+    }
+    # and its hedge delay then: an adaptive one is where the warm-up's latencies put it
+    config_entry["run"]["hedge_delay_at_start_ms"] = {
+        name: round(measured.before[name].delay_ms, 3) for name in names if name != UNHEDGED
     }
     if measured.interrupted:
         config_entry["run"]["interrupted"] = True
