@@ -108,7 +108,8 @@ def test_a_server_answering_errors_is_reachable_and_logs_each_attempt_at_debug(
     with AdminClient(server.address) as admin:
         admin.create_topic(TOPIC)
     server.faults.set("Publish", "error=UNAVAILABLE:100%")
-    retry = RetrySettings(initial_retry_delay=0.01, max_retry_delay=0.05, total_timeout=1)
+    # 3 s: several attempts even on a busy machine.
+    retry = RetrySettings(initial_retry_delay=0.01, max_retry_delay=0.05, total_timeout=3)
     with PublisherClient(retry_settings=retry) as publisher:
         error = publisher.publish(TOPIC, b"refused").exception(timeout=30)
         assert publisher.stats().endpoints[server.address].reachable is True
