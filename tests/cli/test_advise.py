@@ -11,7 +11,8 @@ import pytest
 
 from hedgepub import AdaptiveDelay, AsyncPublisherClient, HedgingSettings, PublisherClient
 from hedgepub.bench import LatencyRecorder, LatencySamples, PublisherResult, load_latencies, replay
-from hedgepub.bench._advise import expand_histogram, grid, recommend
+from hedgepub.bench._advise import grid, recommend
+from hedgepub.bench._latencies import expand_histogram
 from hedgepub.bench._report import results_document
 from hedgepub.bench._snippets import CLIENT_SETTINGS, go_snippet, hedgepub_snippet, java_snippet, rust_snippet
 from hedgepub.testing.scripted import ScriptedTransport

@@ -18,29 +18,17 @@ require("bench", "hedgepub.bench (the bench)")
 
 # isort: split
 from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
-from hedgepub.bench._advise import (
-    Advice,
-    Candidate,
-    LatencySamples,
-    Prediction,
-    advise,
-    grid,
-    load_latencies,
-    replay,
-)
+from hedgepub.bench._advise import Advice, Candidate, Prediction, advise, grid, replay
+from hedgepub.bench._config import DEFAULT_MIX, DEFAULT_STALL, SCENARIOS, BenchConfig, PublisherSpec
 from hedgepub.bench._experiment import (
-    DEFAULT_MIX,
-    DEFAULT_STALL,
-    SCENARIOS,
-    BenchConfig,
     BenchInterrupted,
     BenchProgress,
     BenchRun,
-    PublisherSpec,
     RemoteTarget,
     run_bench,
     run_remote_bench,
 )
+from hedgepub.bench._latencies import LatencySamples, load_latencies
 from hedgepub.bench._plot import LABEL_GID, latency_cdf_figure, plot_frontier, plot_latency_cdf
 from hedgepub.bench._report import (
     RESULT_KEYS,

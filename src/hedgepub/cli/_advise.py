@@ -18,16 +18,15 @@ from hedgepub.bench._advise import (
     DEFAULT_PERCENTILES,
     DEFAULT_REFILLS,
     DEFAULT_TOKENS,
-    INPUT_KINDS,
     MODELS,
     Advice,
     Prediction,
     advise,
     frontier,
     grid,
-    load_latencies,
     write_advice_json,
 )
+from hedgepub.bench._latencies import INPUT_KINDS, load_latencies
 from hedgepub.bench._snippets import CLIENT_SETTINGS, snippets
 from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 

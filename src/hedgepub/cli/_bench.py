@@ -6,43 +6,27 @@ the endpoint; 130 interrupted (Ctrl-C): the partial results measured so far are 
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from hedgepub import HedgepubError, RpcError, StatusCode
+from hedgepub import RpcError, StatusCode
 from hedgepub.bench import (
     DEFAULT_MIX,
     DEFAULT_STALL,
     SCENARIOS,
     BenchConfig,
-    BenchInterrupted,
-    BenchRun,
     RemoteTarget,
     default_project,
-    plot_latency_cdf,
-    print_report,
     resource_path,
     run_bench,
     run_remote_bench,
-    write_results_json,
 )
+from hedgepub.cli._bench_output import delay_text, run_with_progress, write_outputs
 from hedgepub.cli._exit import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -52,12 +36,6 @@ from hedgepub.cli._exit import (
     exit_codes_help,
 )
 
-#: The plot file of each scenario, so that one run does not overwrite another's.
-PLOT_FILES = {
-    "latency-mix": "tail-latency.png",
-    "correlated-stalls": "correlated-stalls.png",
-    "reference": "reference.png",
-}
 #: Pub/Sub bills each publish request as at least this many bytes.
 _BILLED_MINIMUM_BYTES = 1000
 
@@ -66,63 +44,6 @@ _DEFAULTS = BenchConfig()
 _STALL_HEDGE_DELAY = 0.1
 #: Its measured publishes per publisher unless --messages gives them: 45 s at the default rate.
 _STALL_MESSAGES = 1_800
-
-
-class _ProgressBar:
-    """Shows the experiment's phases as rich progress bars, one line per phase."""
-
-    def __init__(self, console: Console) -> None:
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self._task: TaskID | None = None
-        self._interrupted = False
-
-    def __enter__(self) -> _ProgressBar:
-        self._progress.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._finish_task()
-        self._progress.__exit__(exc_type, exc, traceback)
-
-    def interrupted(self) -> None:
-        """The run was stopped early: leave the current bar where it stood, and say so."""
-        if self._task is not None:
-            task = self._progress.tasks[self._task]
-            self._progress.update(self._task, description=f"{task.description} [yellow](interrupted)[/]")
-            self._progress.stop_task(self._task)
-            self._task = None
-
-    def _finish_task(self) -> None:
-        if self._task is not None:
-            task = self._progress.tasks[self._task]
-            # a phase may end early (the token bucket filled before the warm-up's upper bound)
-            done = max(task.completed, 1) if task.total is None else task.completed
-            self._progress.update(self._task, total=done, completed=done)
-            self._task = None
-
-    def phase(self, description: str, total: int | None) -> None:
-        """Start a new bar for the next phase."""
-        self._finish_task()
-        self._task = self._progress.add_task(description, total=total)
-
-    def advance(self, steps: int = 1) -> None:
-        """Move the current bar on."""
-        if self._task is not None:
-            self._progress.advance(self._task, steps)
 
 
 def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float | str, ...]:
@@ -141,17 +62,6 @@ def _parse_hedge_delays(ctx: click.Context, param: click.Parameter, value: str) 
                 "give e.g. 0.1,1,auto"
             ) from None
     return tuple(delays)
-
-
-def _delay_text(delays: tuple[float | str, ...]) -> str:
-    return ", ".join(
-        "adaptive (p95)"
-        if delay == "auto"
-        else f"adaptive (p{delay[5:]})"
-        if isinstance(delay, str)
-        else f"{float(delay) * 1000:g} ms"
-        for delay in delays
-    )
 
 
 def _checked_by(kind: str) -> Callable[[click.Context, click.Parameter, str], str]:
@@ -436,99 +346,11 @@ def bench(
     console.print(
         f"[bold]hedgepub bench[/]: {config.messages:,} publishes per publisher at {config.rate:g}/s each "
         f"(about {config.expected_seconds():.0f} s), {injected}, "
-        f"hedge delays {_delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
+        f"hedge delays {delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )
-    run = _run_with_progress(console, lambda progress: run_bench(config, progress))
-    _write_outputs(console, config, run, out_dir)
-
-
-def _run_with_progress(console: Console, start: Callable[[_ProgressBar], Any]) -> BenchRun:
-    """Run the experiment under progress bars; Ctrl-C before anything is measured exits with 130."""
-    try:
-        with _ProgressBar(console) as progress:
-            run: BenchRun = asyncio.run(start(progress))
-            if run.interrupted:
-                progress.interrupted()
-    except BenchInterrupted as error:
-        console.print(f"[yellow]{error}[/]")
-        sys.exit(EXIT_INTERRUPTED)
-    except RpcError as error:
-        if error.code is StatusCode.UNAVAILABLE:
-            console.print(f"[red]error[/]: cannot reach a Pub/Sub server: {error}")
-            sys.exit(EXIT_UNREACHABLE)
-        raise click.ClickException(f"the bench could not run: {error}") from error
-    except HedgepubError as error:  # the warm-up publishes must succeed: nothing was measured yet
-        raise click.ClickException(f"the bench could not run: {error}") from error
-    return run
-
-
-def _write_outputs(console: Console, config: BenchConfig, run: BenchRun, out_dir: Path) -> None:
-    """Print the table, write results.json and the scenario's plot; exit 130 after an interrupted run."""
-    print_report(run.document, console)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = write_results_json(run.document, out_dir / "results.json")
-    title, subtitle = plot_titles(run.document, config)
-    plot_path = plot_latency_cdf(
-        run.latencies_ms,
-        out_dir / PLOT_FILES[config.scenario],
-        results=run.document["results"],
-        title=title,
-        subtitle=subtitle,
-    )
-    if run.max_schedule_lag_ms > 50:
-        console.print(
-            f"[yellow]note[/]: publishes started up to {run.max_schedule_lag_ms:,.0f} ms late "
-            "(the machine was busy); every publisher was equally affected"
-        )
-    for name, count in run.missing.items():
-        if count:
-            console.print(f"[red]warning[/]: {count} {name} publishes reported success but are not stored")
-    if run.interrupted:
-        measured = min(result.published + result.failed for result in run.results.values())
-        console.print(
-            f"[yellow]interrupted[/]: partial results, about {measured:,} of {config.messages:,} "
-            f"publishes per publisher measured; wrote {json_path} and {plot_path}"
-        )
-        sys.exit(EXIT_INTERRUPTED)
-    console.print(f"wrote {json_path} and {plot_path}")
-
-
-def plot_titles(document: dict[str, Any], config: BenchConfig) -> tuple[str, str]:
-    """The plot's title and subtitle for a run of ``config``."""
-    target = document["config"].get("target")
-    workload = f"{config.messages:,} publishes each at {config.rate:g}/s"
-    if config.scenario == "reference":
-        where = (
-            f"the latency of {target['endpoint'] or 'the default endpoint'}"
-            if target
-            else f"{config.mix} on the bench's server"
-        )
-        title = "The Go and Rust hedging benchmarks' workload: unhedged vs hedged"
-        subtitle = (
-            f"{where}; {config.message_size:,}-byte messages; hedge delay "
-            f"{_delay_text(config.hedge_delays)}, {config.max_tokens} tokens, "
-            f"refill {config.refill_ratio:g}; {workload} after {config.warmup_seconds:g} s of warm-up"
-        )
-    elif target is not None:
-        title = f"Publish latency on {target['topic']}: unhedged vs hedged"
-        subtitle = (
-            f"endpoint {target['endpoint'] or 'default'}; hedge delays {_delay_text(config.hedge_delays)}; "
-            f"{workload}"
-        )
-    elif config.scenario == "correlated-stalls":
-        title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"
-        subtitle = (
-            f"primary stalls {config.stall}; hedge delay {_delay_text(config.hedge_delays)}; "
-            f"{config.messages:,} publishes each at {config.rate:g}/s"
-        )
-    else:
-        title = "Publish latency: unhedged vs hedged"
-        subtitle = (
-            f"injected on Publish: {config.mix}; hedge delays {_delay_text(config.hedge_delays)}; "
-            f"{config.messages:,} publishes each at {config.rate:g}/s"
-        )
-    return title, subtitle
+    run = run_with_progress(console, lambda progress: run_bench(config, progress))
+    write_outputs(console, config, run, out_dir)
 
 
 def _estimate(config: BenchConfig) -> tuple[int, int, int]:
@@ -610,7 +432,7 @@ def _run_remote(
             console.print(f"[red]error[/]: cannot create {remote.topic}: {error}")
             sys.exit(code)
     try:
-        run = _run_with_progress(console, lambda progress: run_remote_bench(config, remote, progress))
+        run = run_with_progress(console, lambda progress: run_remote_bench(config, remote, progress))
     finally:
         if admin is not None:
             try:
@@ -618,4 +440,4 @@ def _run_remote(
             except RpcError as error:
                 console.print(f"[yellow]warning[/]: could not delete {remote.topic}: {error}")
             admin.close()
-    _write_outputs(console, config, run, out_dir)
+    write_outputs(console, config, run, out_dir)
