@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._exceptions import PublishError
 from hedgepub._publisher.builder import build_core
-from hedgepub._publisher.core import ClientState
+from hedgepub._publisher.closing import ClientState
 from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
 from hedgepub._publisher.migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._publisher.stats import PublisherStats

@@ -6,7 +6,8 @@ messages are checked by :mod:`.messages`, ordering keys sequenced by :mod:`.sequ
 through the hedging engine by :mod:`.sender`, and each finished batch reported once to the observer of
 :mod:`.observer` (stats, endpoints, telemetry). ``AsyncPublisherClient`` uses the core on the caller's
 loop; ``PublisherClient`` runs it on a private event-loop thread (:mod:`hedgepub._publisher.loop_thread`)
-and is safe to call from any thread.
+and is safe to call from any thread. Its end (shutdown, and abandoning its messages in a forked child) is
+in :mod:`hedgepub._publisher.closing`.
 
 The hot path is built for throughput:
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import itertools
 import logging
 import threading
@@ -42,8 +42,9 @@ from hedgepub._clock import Clock, TimerHandle
 from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._publisher.batch import DATA_HEADS, Batch, BatchState, data_head
+from hedgepub._publisher.closing import ClientState, CoreClosing
 from hedgepub._publisher.flow_control import FlowController
-from hedgepub._publisher.futures import BatchCondition, BatchFuture, resolve_batch
+from hedgepub._publisher.futures import BatchFuture, resolve_batch
 from hedgepub._publisher.messages import MessagePreparer
 from hedgepub._publisher.observer import BatchObserver
 from hedgepub._publisher.routes import EndpointRoutes
@@ -64,18 +65,7 @@ _LOGGER = logging.getLogger("hedgepub")
 MAX_BATCHES_IN_FLIGHT = 100
 
 
-class ClientState(enum.Enum):
-    """Where a publisher is in its life."""
-
-    #: Accepting messages.
-    OPEN = "open"
-    #: ``shutdown`` has begun: new messages are refused, pending batches are being flushed.
-    CLOSING = "closing"
-    #: Every future has resolved and the channel is closed.
-    CLOSED = "closed"
-
-
-class _PublisherCore:
+class _PublisherCore(CoreClosing):
     """Batching, ordering keys, flow control, hedging and stats for one publisher, on one event loop.
 
     ``add`` may be called from any thread; everything else runs on the core's loop.
@@ -533,11 +523,6 @@ class _PublisherCore:
             if batch.ordering_key:
                 self._pause((batch.topic, batch.ordering_key))
 
-    def _not_sent(self, batch: Batch) -> ShutdownTimeoutError:
-        return ShutdownTimeoutError(
-            f"shutdown(timeout) ended before the message was sent: its {batch.describe(self.clock.now())}"
-        )
-
     def _release(self, batch: Batch) -> None:
         if self.flow.enabled:
             self.flow.release(len(batch.futures), batch.flow_bytes)
@@ -564,34 +549,6 @@ class _PublisherCore:
         with self._lock:
             self._sequencer.paused.discard((topic, ordering_key))
 
-    def abandon_after_fork(self, error: PublishError, refusal: str) -> None:
-        """In a child process just forked: fail every inherited future and refuse new messages.
-
-        The messages belong to the parent, which publishes them; their copies here can never learn the
-        outcome. Only the forking thread exists in the child, so the locks (which a thread that is gone
-        may have held at the fork) are replaced rather than taken, and so is each batch's condition.
-        """
-        self._lock = threading.Lock()
-        self.state = ClientState.CLOSED
-        self.refusal = refusal
-        batches = [*self._open.values(), *self._events, *self._send_queue, *self._sending]
-        batches += self._sequencer.forget()
-        self._open, self._events, self._send_queue, self._sending = {}, deque(), deque(), set()
-        for batch in {id(batch): batch for batch in batches}.values():
-            if batch.state is BatchState.DONE:
-                continue
-            batch.state = BatchState.DONE
-            batch.lock = threading.Lock()
-            if batch.condition is not None:
-                batch.condition = BatchCondition()
-                for future in batch.futures:
-                    future._condition = batch.condition
-            resolve_batch(batch.futures, batch.condition, error=error)
-
-    def has_pending(self) -> bool:
-        """Whether messages are still waiting for their outcome (any thread; a snapshot)."""
-        return bool(self._tasks or self._open or self._send_queue or self._events)
-
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (any thread)."""
         budget = self.budget
@@ -602,46 +559,3 @@ class _PublisherCore:
             endpoints=self.routes.snapshot(),
             tokens_by_topic=by_topic,
         )
-
-    # ---- shutdown ------------------------------------------------------------------------------------
-
-    async def shutdown(self, timeout: float | None) -> None:
-        """Flush everything, wait for every future (at most ``timeout`` seconds), close the channel."""
-        if self._shutdown_task is None:
-            self._shutdown_task = asyncio.ensure_future(self._shutdown(timeout))
-        await asyncio.shield(self._shutdown_task)
-
-    async def _shutdown(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
-        with self._lock:
-            self.state = ClientState.CLOSING
-        while self._opening:  # threads opening a batch of their own: a few microseconds each
-            await asyncio.sleep(0)
-        with self._lock:
-            for batch in list(self._open.values()):
-                self._seal_locked(batch)
-        self.flow.close()
-        self._drain()
-        try:
-            while self._tasks:
-                remaining = None if deadline is None else deadline - self.clock.now()
-                if remaining is not None and remaining <= 0:
-                    break
-                await asyncio.wait(set(self._tasks), timeout=remaining)
-            if self._tasks:
-                # Queued batches have no task yet: fail them first, then cancel the running ones, whose
-                # attempts the engine cancels on the wire.
-                waiting, self._send_queue = list(self._send_queue), deque()
-                for batch in waiting:
-                    self._fail(batch, self._not_sent(batch))
-                for batch in self._sequencer.take_waiting():
-                    self._fail(batch, self._not_sent(batch))
-                tasks = list(self._tasks)
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            self.state = ClientState.CLOSED
-            if self.telemetry is not None:
-                self.telemetry.close()
-            await self.routes.close()
