@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
-from hedgepub.server._exports.cloud_storage import ExportDispatcher
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
+from hedgepub.server._pubsub.cloud_storage import ExportDispatcher
 from hedgepub.server._pubsub.consumers import Consumers
 from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW, SubscriptionState
 from hedgepub.server._pubsub.expiration import RECORD_EVERY, ExpirationWatch

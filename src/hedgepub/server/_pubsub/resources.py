@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 
-from hedgepub.server._exports.config import check_exports
 from hedgepub.server._pubsub import limits as limits
+from hedgepub.server._pubsub.export_config import check_exports
 from hedgepub.server._pubsub.filters import compile_filter
 from hedgepub.server._pubsub.limits import check_message, invalid, not_found
 from hedgepub.server._pubsub.oidc import valid_service_account_email

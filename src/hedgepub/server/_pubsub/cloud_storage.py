@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from hedgepub._clock import Clock
-from hedgepub.server._exports.config import DEFAULT_DATETIME_FORMAT, DEFAULT_MAX_DURATION_SECONDS
 from hedgepub.server._pubsub.delivery import SubscriptionState
+from hedgepub.server._pubsub.export_config import DEFAULT_DATETIME_FORMAT, DEFAULT_MAX_DURATION_SECONDS
 from hedgepub.server._pubsub.leases import MAX_MESSAGES_PER_RESPONSE, Consumer
 from hedgepub.server._pubsub.limits import ServiceError, seconds
 
