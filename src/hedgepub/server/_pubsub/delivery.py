@@ -401,12 +401,7 @@ class SubscriptionState:
         del self.leases[lease.ack_id]
         self._release_flow(lease)
         pending = lease.pending
-        policy = self.dead_letter_policy
-        if policy is not None and self._leasing.attempted is not None:
-            self._leasing.attempted(self, pending)
-        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
-            self.forwarding.add(pending)
-            self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+        if self._dead_lettered(pending):
             return
         delay = retry_delay(self.retry_policy, pending.attempts)
         if delay > 0:
@@ -414,6 +409,20 @@ class SubscriptionState:
         else:
             self.held_bytes += pending.size
             self.ready.appendleft(pending)
+
+    def _dead_lettered(self, pending: Pending) -> bool:
+        """An unacknowledged delivery attempt ended: with a dead-letter policy, record the attempt and, once
+        the policy's attempts are spent, forward the message to the dead-letter topic (True)."""
+        policy = self.dead_letter_policy
+        if policy is None:
+            return False
+        if self._leasing.attempted is not None:
+            self._leasing.attempted(self, pending)
+        if pending.attempts < policy.max_delivery_attempts:
+            return False
+        self.forwarding.add(pending)
+        self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+        return True
 
     def _transform_failed(self, pending: Pending, failure: TransformFailed) -> None:
         """A message the subscription's transforms fail on: one more delivery attempt, ended
@@ -428,12 +437,7 @@ class SubscriptionState:
             pending.attempts,
             failure,
         )
-        policy = self.dead_letter_policy
-        if policy is not None and self._leasing.attempted is not None:
-            self._leasing.attempted(self, pending)
-        if policy is not None and pending.attempts >= policy.max_delivery_attempts:
-            self.forwarding.add(pending)
-            self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+        if self._dead_lettered(pending):
             return
         delay = retry_delay(self.retry_policy, pending.attempts) or FAILED_TRANSFORM_RETRY_SECONDS
         self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
