@@ -3,8 +3,9 @@
 Each target runs as its own process (``hedgepub serve``, or Google's Pub/Sub emulator when it is
 installed), so the benchmark's client never shares the server's interpreter. Four concurrent raw-gRPC
 publishers send Publish RPCs of 100 messages of 100 bytes (serialized once up front, so the client costs
-little and the server is what is measured) to a topic with one subscription, so that every message is
-stored. Rounds alternate the order of the targets, so a busy machine hurts all alike.
+little and the server is what is measured) to a topic with one subscription (``--subscriptions N``: N), so
+that every message is stored (and referenced by each subscription). Rounds alternate the order of the
+targets, so a busy machine hurts all alike.
 
 Targets:
 
@@ -16,7 +17,7 @@ Targets:
   chunks of 20,000 no more than 10% below that of the three before, at most three times as many),
   then measured each round on a new topic and subscription (deleted after the round, so that it does not
   keep the messages);
-* ``baseline``: an older hedgepub on SQLite (``--baseline-src``).
+* ``baseline``, ``baseline-grpc``: an older hedgepub on SQLite (``--baseline-src``), REST on or off.
 
 Each run prints messages/s and the server's CPU time per message (user + system of its process and its
 children, from /proc on Linux), which a busy machine disturbs far less than the wall clock. The summary
@@ -25,6 +26,7 @@ gives medians with [min-max] over the rounds and the load average before and aft
     python benchmarks/server_ingest.py                      # 100,000 messages per target and round
     python benchmarks/server_ingest.py --messages 20000 --rounds 1 --publishers 8
     python benchmarks/server_ingest.py --targets sqlite,memory,emulator-warm --rounds 5
+    python benchmarks/server_ingest.py --targets sqlite-grpc,memory-grpc --subscriptions 4 --no-emulator
     # An older hedgepub beside this one: its source tree's src/ directory, e.g. from
     #   git worktree add /tmp/old <commit>   (then --baseline-src /tmp/old/src)
     python benchmarks/server_ingest.py --baseline-src /tmp/old/src
@@ -339,6 +341,7 @@ KINDS: dict[str, tuple[str, bool]] = {
     "sqlite-grpc": ("sqlite", False),
     "memory-grpc": ("memory", False),
     "baseline": ("sqlite", True),
+    "baseline-grpc": ("sqlite", False),
     "emulator-cold": ("emulator", False),
     "emulator-warm": ("emulator", False),
 }
@@ -351,12 +354,18 @@ WARM_CAP = 3
 WARM_STABLE_CHUNKS = 3
 
 
+def subscription_names(subscription: str, count: int) -> list[str]:
+    """``subscription`` and, with ``--subscriptions`` above 1, ``subscription-2`` .. ``subscription-N``."""
+    return [subscription] + [f"{subscription}-{number}" for number in range(2, count + 1)]
+
+
 def publish_and_measure(
     server: ServerProcess, topic: str, subscription: str, args: argparse.Namespace, messages: int
 ) -> Run:
-    """Create ``topic`` with ``subscription`` on ``server`` and publish ``messages`` to it; the server's
-    CPU time is read before and after."""
-    asyncio.run(create_topic_and_subscriptions(server.address, topic, [subscription]))
+    """Create ``topic`` with ``args.subscriptions`` subscriptions (named after ``subscription``) on
+    ``server`` and publish ``messages`` to it; the server's CPU time is read before and after."""
+    names = subscription_names(subscription, args.subscriptions)
+    asyncio.run(create_topic_and_subscriptions(server.address, topic, names))
     requests = max(1, messages // args.batch)
     request = build_request(topic, args.batch, args.size)
     before = server.cpu_seconds()
@@ -370,12 +379,14 @@ def publish_and_measure(
     )
 
 
-async def delete_topic_and_subscription(address: str, topic: str, subscription: str) -> None:
+async def delete_topic_and_subscriptions(address: str, topic: str, subscriptions: list[str]) -> None:
     """DeleteSubscription, then DeleteTopic, over raw gRPC (a long-lived server lets the messages go)."""
     async with grpc.aio.insecure_channel(address) as channel:
-        await channel.unary_unary(
+        delete = channel.unary_unary(
             "/google.pubsub.v1.Subscriber/DeleteSubscription", request_serializer=_serializer
-        )(pubsub_types.DeleteSubscriptionRequest.pb()(subscription=subscription), timeout=30)
+        )
+        for name in subscriptions:
+            await delete(pubsub_types.DeleteSubscriptionRequest.pb()(subscription=name), timeout=30)
         await channel.unary_unary("/google.pubsub.v1.Publisher/DeleteTopic", request_serializer=_serializer)(
             pubsub_types.DeleteTopicRequest.pb()(topic=topic), timeout=30
         )
@@ -424,7 +435,7 @@ def warm_up(server: ServerProcess, args: argparse.Namespace) -> tuple[int, list[
             stable = gain <= WARM_STABLE
         if (sent >= args.warm_messages and stable) or sent >= WARM_CAP * args.warm_messages:
             break
-    asyncio.run(delete_topic_and_subscription(server.address, topic, subscription))
+    asyncio.run(delete_topic_and_subscriptions(server.address, topic, [subscription]))
     return sent, figures, stable, unit
 
 
@@ -435,10 +446,11 @@ def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, r
         assert warm is not None
         topic, subscription = f"{TOPIC}-{round_number}", f"{SUBSCRIPTION}-{round_number}"
         run = publish_and_measure(warm, topic, subscription, args, args.messages)
-        asyncio.run(delete_topic_and_subscription(warm.address, topic, subscription))
+        names = subscription_names(subscription, args.subscriptions)
+        asyncio.run(delete_topic_and_subscriptions(warm.address, topic, names))
         return Run(target, *dataclasses.astuple(run)[1:])
     kind, rest = KINDS[target]
-    source = args.baseline_src if target == "baseline" else None
+    source = args.baseline_src if target.startswith("baseline") else None
     with tempfile.TemporaryDirectory(prefix="hedgepub-ingest-") as data_dir:
         server = ServerProcess(kind, Path(data_dir), source, rest=rest)
         server.start()
@@ -458,9 +470,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=100, help="bytes per message")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every target")
     parser.add_argument(
+        "--subscriptions", type=int, default=1, help="subscriptions on the topic (each stores every message)"
+    )
+    parser.add_argument(
         "--targets",
         default="sqlite,memory,emulator-cold,emulator-warm",
-        help=f"comma-separated, of: {', '.join(KINDS)} (baseline is added by --baseline-src)",
+        help=f"comma-separated, of: {', '.join(KINDS)} (baseline is added by --baseline-src if none is)",
     )
     parser.add_argument(
         "--warm-messages", type=int, default=500_000, help="messages that warm the emulator at least"
@@ -475,9 +490,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(targets) - set(KINDS)
     if unknown:
         raise SystemExit(f"unknown targets: {', '.join(sorted(unknown))}")
-    if args.baseline_src is not None and "baseline" not in targets:
+    if args.baseline_src is not None and not any(name.startswith("baseline") for name in targets):
         targets.append("baseline")
-    if "baseline" in targets and args.baseline_src is None:
+    if any(name.startswith("baseline") for name in targets) and args.baseline_src is None:
         raise SystemExit("the baseline target needs --baseline-src")
     if args.no_emulator or emulator_binary() is None:
         if not args.no_emulator:
@@ -524,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(
         f"server ingest: {args.messages:,} messages of {args.size} B per round, {args.batch} per Publish, "
-        f"{args.publishers} publishers, 1 subscription, {args.rounds} round(s); "
+        f"{args.publishers} publishers, {args.subscriptions} subscription(s), {args.rounds} round(s); "
         f"{platform.python_implementation()} {platform.python_version()}, {platform.machine()}; "
         f"load average {load_before} before, {load_average()} after"
     )
@@ -555,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
         ("sqlite", "emulator-cold"),
         ("memory", "emulator-cold"),
         ("sqlite", "baseline"),
+        ("sqlite-grpc", "baseline-grpc"),
         ("sqlite", "memory"),
         ("memory", "memory-grpc"),
         ("sqlite", "sqlite-grpc"),
