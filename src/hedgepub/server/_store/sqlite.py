@@ -17,10 +17,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
-from hedgepub.server._store.memory import HOLDING_KINDS, PubsubMessage, ResourceKind, Snapshot, resource_class
+from hedgepub.server._store.memory import HOLDING_KINDS, ResourceKind, Snapshot, resource_class
 from hedgepub.server._store.sqlite_schema import (
+    HIGHEST,
+    HOLDERS,
     KEEP,
+    NEW_REFERENCES,
     REFERENCE,
     TABLES,
     connect,
@@ -30,15 +34,20 @@ from hedgepub.server._store.sqlite_schema import (
     unreference,
 )
 
+#: The first sequence of the batch holding sequence ?1 (or of the batch below it, if none holds it).
+_HOLDING = "SELECT first FROM batches WHERE first <= {} ORDER BY first DESC LIMIT 1"
+
 
 class SqliteStore:
     """A :class:`~hedgepub.server._store.memory.Store` in one SQLite file (WAL), with group commit.
 
-    A message is one row of ``messages`` (its serialized ``PubsubMessage``); each subscription that has not
-    acknowledged it holds a row of ``refs`` (subscription id, sequence, and the deliveries that ended
-    unacknowledged, counted under a dead-letter policy). The last reference to go takes the
-    message row with it. New files use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they
-    are a quarter of the file the writer hands them back in small steps.
+    A Publish request's messages are one batch: a row of ``batches`` (sequences, topic, publish time, live
+    references) and one of ``bodies`` (the request serialized once); appending does no Python work per
+    message. Each subscription that has not acknowledged a message holds a row of ``refs`` (subscription
+    id, sequence, and the deliveries that ended unacknowledged, counted under a dead-letter policy),
+    generated inside SQLite. The last reference to a batch's messages takes the batch with it. New files
+    use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they are a quarter of the file the
+    writer hands them back in small steps.
     """
 
     def __init__(
@@ -64,11 +73,13 @@ class SqliteStore:
         self._next_id = last_id + 1
         #: Every write goes through its thread, folded into group commits.
         self._writer = GroupCommitWriter(self._connect)
-        # Messages parsed for recent pages, shared by every subscription that reads them: with many
-        # subscriptions on one topic, one parsed copy serves all of them instead of one copy each.
-        self._parsed: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        # Batches parsed for recent pages (by first sequence), shared by every subscription that reads
+        # them: with many subscriptions on one topic, one parsed copy serves all of them instead of one
+        # copy each. Bounded by the messages they hold and by their serialized bytes.
+        self._parsed: collections.OrderedDict[int, tuple[Batch, int]] = collections.OrderedDict()
         self._cache_messages = cache_messages
         self._cache_bytes = cache_bytes
+        self._parsed_messages = 0
         self._parsed_bytes = 0
 
     def _connect(self) -> sqlite3.Connection:
@@ -93,7 +104,7 @@ class SqliteStore:
             message_class = resource_class(table)  # type: ignore[arg-type]
             for name, body in connection.execute(f"SELECT name, body FROM {table}"):
                 target[name] = message_class.FromString(body)
-        (last,) = connection.execute("SELECT COALESCE(MAX(sequence), 0) FROM messages").fetchone()
+        (last,) = connection.execute(f"SELECT COALESCE(({HIGHEST}), 0)").fetchone()
         (kept,) = connection.execute(
             "SELECT COALESCE(MAX(value), 1) FROM counters WHERE name = 'next_sequence'"
         ).fetchone()
@@ -105,46 +116,86 @@ class SqliteStore:
         """A page of the messages ``subscription`` references above ``after`` (what has been committed);
         with ``max_bytes``, rows stop being read once the page holds that many bytes (one row at least).
 
-        Parsed messages are kept in a cache bounded by count and by bytes (``cache_bytes``), shared by
-        every subscription reading the same messages.
+        Each batch a page touches is parsed once (its body, one C call) and kept in a cache bounded by
+        messages and by bytes (``cache_bytes``), shared by every subscription reading the same messages.
         """
         identifier = self._ids.get(subscription)
         if identifier is None:
             return []
         rows = self._reader.execute(
-            "SELECT r.sequence, m.body FROM refs r JOIN messages m ON m.sequence = r.sequence "
+            f"SELECT r.sequence, ({_HOLDING.format('r.sequence')}) FROM refs r "
             "WHERE r.subscription = ? AND r.sequence > ? ORDER BY r.sequence LIMIT ?",
             (identifier, after, limit),
         )
-        parse = PubsubMessage.FromString
-        cache = self._parsed
         page = []
         read = 0
-        for sequence, body in rows:  # stepped row by row: rows past the byte bound are never read
-            message = cache.get(sequence)
-            if message is None:
-                message = cache[sequence] = parse(body)
-                self._parsed_bytes += len(body)
-                while cache and (len(cache) > self._cache_messages or self._parsed_bytes > self._cache_bytes):
-                    _, evicted = cache.popitem(last=False)
-                    self._parsed_bytes -= evicted.ByteSize()
+        batch: Batch | None = None
+        for sequence, first in rows:  # stepped row by row: rows past the byte bound are never read
+            if batch is None or batch.first != first:
+                batch = self._batch(first)
+                if batch is None:  # a reference without its batch: nothing to deliver (never written so)
+                    continue
+            message = batch.message(sequence)
             page.append((sequence, message))
-            read += len(body)
-            if max_bytes and read >= max_bytes:
-                break
+            if max_bytes:
+                read += message.ByteSize()
+                if read >= max_bytes:
+                    break
         rows.close()
         return page
+
+    def _batch(self, first: int | None) -> Batch | None:
+        """The stored batch starting at ``first``, parsed (from the cache, or read and cached)."""
+        if first is None:
+            return None
+        cache = self._parsed
+        cached = cache.get(first)
+        if cached is not None:
+            return cached[0]
+        row = self._reader.execute(
+            "SELECT b.topic, b.publish_ns, d.body FROM batches b JOIN bodies d ON d.first = b.first "
+            "WHERE b.first = ?",
+            (first,),
+        ).fetchone()
+        if row is None:
+            return None
+        topic, publish_ns, body = row
+        batch = Batch.from_body(first, topic, publish_ns, body)
+        cache[first] = (batch, len(body))
+        self._parsed_messages += len(batch)
+        self._parsed_bytes += len(body)
+        # The batch just read stays (a page needs it) even when it alone is over a bound.
+        while len(cache) > 1 and (
+            self._parsed_messages > self._cache_messages or self._parsed_bytes > self._cache_bytes
+        ):
+            _, (evicted, size) = cache.popitem(last=False)
+            self._parsed_messages -= len(evicted)
+            self._parsed_bytes -= size
+        return batch
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on ``topic``, in publish order (reads what has been committed).
 
-        A scan of all messages: this serves tests and inspection, and an index on topics would cost
+        A scan of all batches: this serves tests and inspection, and an index on topics would cost
         every Publish.
         """
-        rows = self._reader.execute(
-            "SELECT sequence, body FROM messages WHERE topic = ? ORDER BY sequence", (topic,)
+        connection = self._reader
+        rows = connection.execute(
+            "SELECT b.first, b.last, b.publish_ns, d.body FROM batches b JOIN bodies d ON d.first = b.first "
+            "WHERE b.topic = ? ORDER BY b.first",
+            (topic,),
         ).fetchall()
-        return [(sequence, PubsubMessage.FromString(body)) for sequence, body in rows]
+        found = []
+        for first, last, publish_ns, body in rows:
+            batch = Batch.from_body(first, topic, publish_ns, body)
+            # The batch's messages some holder still references (one seek per holder).
+            kept = connection.execute(
+                f"SELECT DISTINCT sequence FROM refs WHERE subscription IN ({HOLDERS}) "
+                "AND sequence BETWEEN ? AND ? ORDER BY sequence",
+                (first, last),
+            ).fetchall()
+            found.extend((sequence, batch.message(sequence)) for (sequence,) in kept)
+        return found
 
     def file_bytes(self) -> int:
         """Size of the database file and its WAL on disk, in bytes."""
@@ -253,20 +304,14 @@ class SqliteStore:
             )
             if source_id is None:
                 return
-            # Counted first, for the messages the snapshot does not reference yet (a publish committed in
-            # the same group may have referenced it already), as REFERENCE does one at a time: a message
-            # without a counts row has one reference, so its row starts at 1 before the increment.
+            # Counted first, per batch, for the messages the snapshot does not reference yet (a publish
+            # committed in the same group may have referenced it already); then the references are copied.
             new = (
-                "sequence IN (SELECT sequence FROM refs WHERE subscription = ?1) AND NOT EXISTS "
-                "(SELECT 1 FROM refs WHERE subscription = ?2 AND sequence = {column})"
+                "FROM refs r WHERE r.subscription = ?1 AND r.sequence BETWEEN batches.first AND batches.last "
+                "AND NOT EXISTS (SELECT 1 FROM refs WHERE subscription = ?2 AND sequence = r.sequence)"
             )
             connection.execute(
-                "INSERT OR IGNORE INTO counts (sequence, refs) SELECT sequence, 1 FROM messages WHERE "
-                + new.format(column="messages.sequence"),
-                (source_id, identifier),
-            )
-            connection.execute(
-                "UPDATE counts SET refs = refs + 1 WHERE " + new.format(column="counts.sequence"),
+                f"UPDATE batches SET refs = refs + (SELECT COUNT(*) {new}) WHERE EXISTS (SELECT 1 {new})",
                 (source_id, identifier),
             )
             connection.execute(
@@ -372,55 +417,69 @@ class SqliteStore:
         await self._write(operation)
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
-        """Binary search on ``messages`` by sequence, reading the publish time of each probe."""
+        """Binary search on ``batches`` by first sequence, reading the publish time of each probe; then
+        the first message of the batch found that is still stored."""
         connection = self._reader
 
         def first_from(sequence: int) -> Any:
             return connection.execute(
-                "SELECT sequence, body FROM messages WHERE sequence >= ? ORDER BY sequence LIMIT 1",
+                "SELECT first, last, publish_ns FROM batches WHERE first >= ? ORDER BY first LIMIT 1",
                 (sequence,),
             ).fetchone()
 
-        lowest, highest = connection.execute("SELECT MIN(sequence), MAX(sequence) FROM messages").fetchone()
+        lowest, highest = connection.execute("SELECT MIN(first), MAX(first) FROM batches").fetchone()
         if lowest is None:
             return None
-        # Smallest s such that the first message at or after s is published at or after the time (or none).
+        # Smallest s such that the first batch at or after s is published at or after the time (or none).
         low, high = lowest, highest + 1
         while low < high:
             middle = (low + high) // 2
             row = first_from(middle)
-            if row is not None and _publish_ns(row[1]) < publish_ns:
+            if row is not None and row[2] < publish_ns:
                 low = row[0] + 1
             else:
                 high = middle
         row = first_from(low)
-        return row[0] if row is not None else None
+        if row is None:
+            return None
+        # A stored batch holds at least one stored message (it goes with its last reference).
+        (sequence,) = connection.execute(
+            f"SELECT MIN(sequence) FROM refs WHERE subscription IN ({HOLDERS}) AND sequence BETWEEN ? AND ?",
+            (row[0], row[1]),
+        ).fetchone()
+        return sequence if sequence is not None else row[0]
 
-    async def append(
-        self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
-    ) -> None:
-        """Store messages once and reference them from each subscription; returns after the commit."""
-        # Each holder once (dict.fromkeys keeps the order), so that the counts below are right.
+    async def append(self, batch: Batch, subscriptions: Sequence[str]) -> None:
+        """Store a batch once and reference its messages from each subscription; returns after the commit.
+
+        One row for the batch and one for its body (serialized here, on the caller's thread, before anyone
+        stamps its messages in place); the references are generated inside SQLite, one statement per
+        holder, so no Python work or binding is done per message.
+        """
+        if not len(batch):
+            return
+        # Each holder once (dict.fromkeys keeps the order), so that the count below is right.
         ids = list(dict.fromkeys(self._ids[name] for name in subscriptions if name in self._ids))
+        first, last = batch.first, batch.end - 1
         if not ids and not self.keep_unsubscribed:
             # Nobody will ever read them; only the sequence counter must remember that they had IDs.
-            highest = messages[-1][0] if messages else 0
 
             def count(connection: sqlite3.Connection) -> None:
-                keep_counter_above(connection, "SELECT ?", highest)
+                keep_counter_above(connection, "SELECT ?", last)
 
             await self._write(count)
             return
         ids = ids or [KEEP]
-        rows = [(sequence, topic, message.SerializeToString()) for sequence, message in messages]
-        references = [(identifier, row[0]) for identifier in ids for row in rows]
-        counts = [(row[0], len(ids)) for row in rows] if len(ids) > 1 else []
+        row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids))
+        body = batch.body()
 
         def operation(connection: sqlite3.Connection) -> None:
-            connection.executemany("INSERT INTO messages (sequence, topic, body) VALUES (?, ?, ?)", rows)
-            connection.executemany("INSERT INTO refs (subscription, sequence) VALUES (?, ?)", references)
-            if counts:
-                connection.executemany("INSERT INTO counts (sequence, refs) VALUES (?, ?)", counts)
+            connection.execute(
+                "INSERT INTO batches (first, last, topic, publish_ns, refs) VALUES (?, ?, ?, ?, ?)", row
+            )
+            connection.execute("INSERT INTO bodies (first, body) VALUES (?, ?)", (first, body))
+            for identifier in ids:
+                connection.execute(NEW_REFERENCES, (first, last, identifier))
 
         await self._write(operation)
 
@@ -444,11 +503,12 @@ class SqliteStore:
         """Delete everything (message sequence numbers keep growing)."""
         self._ids.clear()
         self._parsed.clear()
-        self._parsed_bytes = 0
+        self._parsed_messages = self._parsed_bytes = 0
 
         def operation(connection: sqlite3.Connection) -> None:
-            keep_counter_above(connection, "SELECT MAX(sequence) FROM messages")
-            for table in (*TABLES, "refs", "counts", "leases", "activity", "subscription_ids", "messages"):
+            keep_counter_above(connection, HIGHEST)
+            # Batches before references, so that the references' trigger finds no batch left to count.
+            for table in (*TABLES, "batches", "bodies", "refs", "leases", "activity", "subscription_ids"):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation)
@@ -468,8 +528,3 @@ class SqliteStore:
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self.path)!r}, synchronous={self._synchronous})"
-
-
-def _publish_ns(body: bytes) -> int:
-    stamp = PubsubMessage.FromString(body).publish_time
-    return stamp.seconds * 1_000_000_000 + stamp.nanos
