@@ -34,7 +34,8 @@ from hedgepub.server._store.sqlite_schema import (
     unreference,
 )
 
-#: The first sequence of the batch holding sequence ?1 (or of the batch below it, if none holds it).
+#: The first sequence of the batch holding the sequence the SQL expression ``{}`` gives (or of the batch
+#: below it, if none holds it): the stored batch with the greatest first sequence not above it.
 _HOLDING = "SELECT first FROM batches WHERE first <= {} ORDER BY first DESC LIMIT 1"
 
 
@@ -133,8 +134,8 @@ class SqliteStore:
         for sequence, first in rows:  # stepped row by row: rows past the byte bound are never read
             if batch is None or batch.first != first:
                 batch = self._batch(first)
-                if batch is None:  # a reference without its batch: nothing to deliver (never written so)
-                    continue
+            if batch is None or sequence >= batch.end:
+                continue  # a reference without its batch: nothing to deliver (the triggers never leave one)
             message = batch.message(sequence)
             page.append((sequence, message))
             if max_bytes:
