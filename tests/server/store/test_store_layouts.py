@@ -140,6 +140,22 @@ async def test_a_publish_is_one_row_and_goes_with_its_last_reference(tmp_path: P
         await store.close()
 
 
+async def test_a_batch_longer_than_any_publish_request_is_referenced_whole(tmp_path: Path) -> None:
+    """Forwarded or migrated batches may exceed a Publish request's 1,000 messages."""
+    store = SqliteStore(tmp_path / "long.sqlite3")
+    try:
+        await store.put("subscriptions", SUBSCRIPTIONS[0], Subscription(name=SUBSCRIPTIONS[0], topic=TOPIC))
+        messages = [PubsubMessage(data=b"%d" % number) for number in range(2500)]
+        await store.append(Batch(1, TOPIC, BASE, messages), SUBSCRIPTIONS[:1])
+        assert store.referenced(SUBSCRIPTIONS[0]) == list(range(1, 2501))
+        assert [(sequence, m.data) for sequence, m in store.pending(SUBSCRIPTIONS[0], 2498, 10)] == [
+            (2499, b"2498"),
+            (2500, b"2499"),
+        ]
+    finally:
+        await store.close()
+
+
 async def test_a_file_of_the_per_message_layout_is_migrated_once(tmp_path: Path) -> None:
     path = tmp_path / "per-message.sqlite3"
     write_per_message_file(path)

@@ -21,10 +21,12 @@ from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
 from hedgepub.server._store.memory import HOLDING_KINDS, ResourceKind, Snapshot, resource_class
 from hedgepub.server._store.sqlite_schema import (
+    EXTEND_OFFSETS,
     HIGHEST,
     HOLDERS,
     KEEP,
     NEW_REFERENCES,
+    OFFSETS,
     REFERENCE,
     TABLES,
     connect,
@@ -473,8 +475,11 @@ class SqliteStore:
         ids = ids or [KEEP]
         row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids))
         body = batch.body()
+        longer = len(batch) > OFFSETS  # than any Publish request: perhaps than the offsets stored
 
         def operation(connection: sqlite3.Connection) -> None:
+            if longer:
+                connection.execute(EXTEND_OFFSETS, (len(batch),))
             connection.execute(
                 "INSERT INTO batches (first, last, topic, publish_ns, refs) VALUES (?, ?, ?, ?, ?)", row
             )

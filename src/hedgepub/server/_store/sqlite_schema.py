@@ -6,8 +6,8 @@ The unit of storage is a batch (the messages of one Publish request, see
 :class:`~hedgepub.server._store.batch.Batch`): one row of ``batches`` (its sequences, topic, publish time
 and live reference count) and one of ``bodies`` (its messages, serialized as one ``PublishRequest``).
 What stays per message is a reference per holder in ``refs``, which appending generates inside SQLite
-(:data:`NEW_REFERENCES`, a recursive CTE) rather than binding it from Python. A message is stored while
-some holder references it; a batch goes, by trigger, when its last reference does.
+(:data:`NEW_REFERENCES`, one statement per holder) rather than binding it from Python. A message is
+stored while some holder references it; a batch goes, by trigger, when its last reference does.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from hedgepub.server._store.batch import PublishRequest
 from hedgepub.server._store.memory import PubsubMessage
 
 __all__ = [
+    "EXTEND_OFFSETS",
     "HIGHEST",
     "HOLDERS",
     "KEEP",
     "NEW_REFERENCES",
+    "OFFSETS",
     "REFERENCE",
     "SCHEMA",
     "TABLES",
@@ -64,6 +66,7 @@ CREATE TABLE IF NOT EXISTS batches (
     refs INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS bodies (first INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS offsets (n INTEGER PRIMARY KEY);
 CREATE TRIGGER IF NOT EXISTS reference_dropped AFTER DELETE ON refs BEGIN
     UPDATE batches SET refs = refs - 1
     WHERE first = (SELECT first FROM batches WHERE first <= old.sequence ORDER BY first DESC LIMIT 1)
@@ -84,10 +87,16 @@ END;
 #: The highest sequence of a stored batch (``NULL`` if none): what the sequence counter must stay above.
 HIGHEST = "SELECT last FROM batches ORDER BY first DESC LIMIT 1"
 #: The references of holder ?3 to sequences ?1 .. ?2 (a new batch's), generated inside SQLite: the loop
-#: runs in C with the GIL released instead of binding one row per message from Python.
-NEW_REFERENCES = (
-    "WITH RECURSIVE s(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM s WHERE x < ?2) "
-    "INSERT INTO refs (subscription, sequence) SELECT ?3, x FROM s"
+#: runs in C with the GIL released instead of binding one row per message from Python. From the table
+#: ``offsets`` (0, 1, ...) rather than a recursive CTE, whose queue cost about 30% more per reference
+#: (0.68 against 0.86 us per message with one subscription, 2.1 against 3.0 with four, SQL alone).
+NEW_REFERENCES = "INSERT INTO refs (subscription, sequence) SELECT ?3, ?1 + n FROM offsets WHERE n <= ?2 - ?1"
+#: How many ``offsets`` a file starts with: a Publish request's most messages.
+OFFSETS = 1000
+#: Makes ``offsets`` hold 0 .. ?1 - 1 (for a batch longer than any before; a no-op otherwise).
+EXTEND_OFFSETS = (
+    "WITH RECURSIVE s(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM s WHERE x + 1 < ?1) "
+    "INSERT OR IGNORE INTO offsets (n) SELECT x FROM s"
 )
 #: Every holder's id (``KEEP`` is nobody's): ``refs`` has no index on ``sequence`` (it would cost every
 #: Publish), so finding a message's references is one primary-key seek per holder.
@@ -130,6 +139,9 @@ def connect(path: Path, synchronous: str) -> sqlite3.Connection:
     # default 4 MiB: a quarter as many, which the ingest rate shows.
     connection.execute("PRAGMA wal_autocheckpoint=4096")
     connection.executescript(SCHEMA)
+    (count,) = connection.execute("SELECT COUNT(*) FROM offsets").fetchone()
+    if count < OFFSETS:  # a new file
+        connection.execute(EXTEND_OFFSETS, (OFFSETS,))
     return connection
 
 
