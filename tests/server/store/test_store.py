@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.iam.v1 import policy_pb2
 
 from hedgepub.server import MemoryStore, Store
-from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.sqlite import SqliteStore
 
 from ..._pb import PubsubMessage, Subscription, Topic
+from .batches import append
 
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTIONS = ["projects/p/subscriptions/first", "projects/p/subscriptions/second"]
@@ -56,9 +57,8 @@ async def keeping(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await store.close()
 
 
-def batch(first: int, *data: bytes, topic: str = TOPIC, publish_ns: int = 0) -> Batch:
-    """Messages ``first``, ``first + 1``, ... of ``topic`` (one per ``data``), as one Publish stores them."""
-    return Batch(first, topic, publish_ns, [PubsubMessage(data=item) for item in data])
+def message(sequence: int, data: bytes, **attributes: str) -> tuple[int, Any]:
+    return sequence, PubsubMessage(data=data, message_id=str(sequence), attributes=attributes)
 
 
 def backlog(store: Store, subscription: str) -> list[int]:
@@ -88,11 +88,8 @@ async def test_resources_round_trip(stores: tuple[Store, Reopen]) -> None:
 async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(
-        Batch(1, TOPIC, 0, [PubsubMessage(data=b"one", attributes={"k": "v"}), PubsubMessage(data=b"two")]),
-        SUBSCRIPTIONS,
-    )
-    await store.append(batch(3, b"three"), SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(1, b"one", k="v"), message(2, b"two")], SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [2, 99])
     await store.ack(SUBSCRIPTIONS[1], [3])  # never its message: changes nothing
     store = await reopen()
@@ -106,7 +103,7 @@ async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, 
 async def test_pending_reads_a_backlog_in_pages(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])
-    await store.append(batch(1, *[b"m"] * 10), SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(i, b"m") for i in range(1, 11)], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [4, 5])
     store = await reopen()
     assert [s for s, _ in store.pending(SUBSCRIPTIONS[0], 0, 3)] == [1, 2, 3]
@@ -121,7 +118,7 @@ async def test_a_message_is_stored_once_and_goes_with_its_last_reference(
 ) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(batch(1, b"a", b"b"), SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(1, b"a"), message(2, b"b")], SUBSCRIPTIONS)
     assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # once, not once per subscription
     await store.ack(SUBSCRIPTIONS[0], [1, 2])
     assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # the second still needs them
@@ -139,13 +136,13 @@ async def test_unsubscribed_messages_are_dropped_unless_kept(
     stores: tuple[Store, Reopen], keeping: Store
 ) -> None:
     store, reopen = stores
-    await store.append(batch(1, b"a", b"b"), [])
+    await append(store, TOPIC, [message(1, b"a"), message(2, b"b")], [])
     store = await reopen()
     assert store.messages(TOPIC) == []
     assert store.load().next_sequence == 3
-    await keeping.append(batch(1, b"a", b"b"), [])
-    await keeping.append(batch(3, b"c", topic="projects/p/topics/other"), [])
-    await keeping.append(batch(4, b"d"), [])
+    await append(keeping, TOPIC, [message(1, b"a"), message(2, b"b")], [])
+    await append(keeping, "projects/p/topics/other", [message(3, b"c")], [])
+    await append(keeping, TOPIC, [message(4, b"d")], [])
     assert [m.data for _, m in keeping.messages(TOPIC)] == [b"a", b"b", b"d"]
     assert keeping.messages("projects/p/topics/none") == []
 
@@ -153,8 +150,8 @@ async def test_unsubscribed_messages_are_dropped_unless_kept(
 async def test_deleting_a_subscription_forgets_its_backlog(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(batch(1, b"x"), SUBSCRIPTIONS[:1])
-    await store.append(batch(2, b"y"), SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(1, b"x")], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(2, b"y")], SUBSCRIPTIONS)
     await store.delete("subscriptions", SUBSCRIPTIONS[0])
     await subscribe(store, SUBSCRIPTIONS[0])
     store = await reopen()
@@ -167,7 +164,7 @@ async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple
     store, reopen = stores
     await store.put("topics", TOPIC, Topic(name=TOPIC))
     await subscribe(store, SUBSCRIPTIONS[0])
-    await store.append(batch(1, b"x", b"y"), SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(1, b"x"), message(2, b"y")], SUBSCRIPTIONS[:1])
     await store.clear()
     store = await reopen()
     snapshot = store.load()
@@ -179,7 +176,7 @@ async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple
 async def test_delivery_attempts_are_kept_on_references(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(batch(1, *[b"m"] * 5), SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(i, b"m") for i in range(1, 6)], SUBSCRIPTIONS)
     await store.record_attempts(SUBSCRIPTIONS[0], [(2, 1), (4, 3), (99, 7)])  # 99: never referenced
     await store.record_attempts(SUBSCRIPTIONS[0], [(2, 2)])  # a later count replaces the earlier one
     store = await reopen()
@@ -216,7 +213,9 @@ async def test_subscription_activity_is_kept_until_the_subscription_goes(
 async def test_concurrent_writes_all_commit(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])
-    await asyncio.gather(*(store.append(batch(i, b"m"), SUBSCRIPTIONS[:1]) for i in range(1, 201)))
+    await asyncio.gather(
+        *(append(store, TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 201))
+    )
     store = await reopen()
     assert backlog(store, SUBSCRIPTIONS[0]) == list(range(1, 201))
 
@@ -225,7 +224,9 @@ async def test_sqlite_groups_concurrent_writes_into_few_commits(tmp_path: Path) 
     store = SqliteStore(tmp_path / "group.sqlite3")
     try:
         await subscribe(store, SUBSCRIPTIONS[0])
-        await asyncio.gather(*(store.append(batch(i, b"m"), SUBSCRIPTIONS[:1]) for i in range(1, 301)))
+        await asyncio.gather(
+            *(append(store, TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 301))
+        )
         assert store.commits < 300
     finally:
         await store.close()
@@ -235,10 +236,10 @@ async def test_sqlite_failed_write_fails_only_its_caller(tmp_path: Path) -> None
     store = SqliteStore(tmp_path / "fail.sqlite3")
     try:
         await subscribe(store, SUBSCRIPTIONS[0])
-        await store.append(batch(1, b"m"), SUBSCRIPTIONS[:1])
+        await append(store, TOPIC, [message(1, b"m")], SUBSCRIPTIONS[:1])
         results = await asyncio.gather(
-            store.append(batch(1, b"duplicate sequence"), SUBSCRIPTIONS[:1]),
-            store.append(batch(2, b"fine"), SUBSCRIPTIONS[:1]),
+            append(store, TOPIC, [message(1, b"duplicate sequence")], SUBSCRIPTIONS[:1]),
+            append(store, TOPIC, [message(2, b"fine")], SUBSCRIPTIONS[:1]),
             return_exceptions=True,
         )
         assert isinstance(results[0], Exception) and results[1] is None

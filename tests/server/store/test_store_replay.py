@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from hedgepub.server import MemoryStore, Store
-from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.sqlite import SqliteStore
 
 from ..._pb import PubsubMessage, Snapshot, Subscription
+from .batches import append
 
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTION = "projects/p/subscriptions/first"
@@ -39,16 +39,18 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     await opened[-1].close()
 
 
-def batch(first: int, second: int, *data: bytes) -> Batch:
-    """Messages ``first``, ... (one per ``data``) published together at ``second``."""
-    return Batch(first, TOPIC, second * 1_000_000_000, [PubsubMessage(data=item) for item in data])
+def message(data: bytes, second: int) -> Any:
+    published = PubsubMessage(data=data)
+    published.publish_time.seconds = second
+    return published
 
 
 async def fill(store: Store) -> None:
     """Messages 1..5 published at seconds 10, 20, 20, 30, 40, referenced by the subscription."""
     await store.put("subscriptions", SUBSCRIPTION, Subscription(name=SUBSCRIPTION, topic=TOPIC))
-    for published in (batch(1, 10, b"a"), batch(2, 20, b"b", b"c"), batch(4, 30, b"d"), batch(5, 40, b"e")):
-        await store.append(published, [SUBSCRIPTION])
+    records = [(1, message(b"a", 10)), (2, message(b"b", 20)), (3, message(b"c", 20))]
+    records += [(4, message(b"d", 30)), (5, message(b"e", 40))]
+    await append(store, TOPIC, records, [SUBSCRIPTION])
 
 
 async def test_a_holder_keeps_messages_its_subscription_acknowledged(stores: tuple[Store, Reopen]) -> None:
@@ -77,7 +79,7 @@ async def test_a_snapshot_is_a_resource_that_holds_references(stores: tuple[Stor
     await fill(store)
     await store.put("snapshots", SNAPSHOT, Snapshot(name=SNAPSHOT, topic=TOPIC))
     await store.reference(SNAPSHOT, store.referenced(SUBSCRIPTION))
-    await store.append(batch(6, 50, b"f"), [SUBSCRIPTION, SNAPSHOT])
+    await append(store, TOPIC, [(6, message(b"f", 50))], [SUBSCRIPTION, SNAPSHOT])
     await store.ack(SUBSCRIPTION, [1, 2, 3, 4, 5, 6])
     store = await reopen()
     assert store.load().snapshots[SNAPSHOT].topic == TOPIC
