@@ -156,6 +156,24 @@ async def test_a_batch_longer_than_any_publish_request_is_referenced_whole(tmp_p
         await store.close()
 
 
+async def test_parsed_batches_are_shared_between_subscriptions_and_bounded(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "cache.sqlite3", cache_messages=150)
+    try:
+        for name in SUBSCRIPTIONS:
+            await store.put("subscriptions", name, Subscription(name=name, topic=TOPIC))
+        for first in (1, 101, 201):
+            messages = [PubsubMessage(data=b"%d" % number) for number in range(first, first + 100)]
+            await store.append(Batch(first, TOPIC, BASE, messages), SUBSCRIPTIONS)
+        [(_, message)] = store.pending(SUBSCRIPTIONS[0], 0, 1)
+        [(_, same)] = store.pending(SUBSCRIPTIONS[1], 0, 1)
+        assert same is message  # one parsed copy serves both subscriptions
+        assert len(store.pending(SUBSCRIPTIONS[0], 100, 200)) == 200  # batches 101 and 201: 1 is evicted
+        [(_, again)] = store.pending(SUBSCRIPTIONS[1], 0, 1)
+        assert again is not message and again == message
+    finally:
+        await store.close()
+
+
 async def test_a_file_of_the_per_message_layout_is_migrated_once(tmp_path: Path) -> None:
     path = tmp_path / "per-message.sqlite3"
     write_per_message_file(path)
