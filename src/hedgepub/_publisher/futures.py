@@ -92,17 +92,21 @@ class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     _waiters = _ListOnFirstUse()
     _done_callbacks = _ListOnFirstUse()
 
-    def __init__(self, condition: threading.Condition) -> None:
-        if not FAST_PATH:
+    if FAST_PATH:  # chosen once here, not on each of the hundreds of thousands of futures a second
+
+        def __init__(self, condition: threading.Condition) -> None:
+            self._condition = condition
+            # Set here, although resolving writes two of them again: CPython keeps the attributes that
+            # __init__ sets in the object itself, and builds a separate dict for one set later, which made
+            # resolving a future eight times dearer and gave the collector one more object per message.
+            self._state = _PENDING
+            self._result = None
+            self._exception = None
+
+    else:
+
+        def __init__(self, condition: threading.Condition) -> None:
             super().__init__()
-            return
-        self._condition = condition
-        # Set here, although resolving writes two of them again: CPython keeps the attributes that
-        # __init__ sets in the object itself, and builds a separate dict for one set later, which made
-        # resolving a future eight times dearer and gave the collector one more object per message.
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
 
     # A finished future never changes again, and its result and exception are written before its state
     # (under the condition, see _resolve_fast): once the state reads FINISHED they can be read without
