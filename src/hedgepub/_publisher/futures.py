@@ -28,6 +28,7 @@ The fast path relies on ``concurrent.futures.Future``'s internal fields, unchang
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import threading
@@ -47,6 +48,8 @@ def _check_fast_path() -> bool:
         and all(hasattr(probe, name) for name in ("_condition", "_state", "_waiters", "_done_callbacks"))
         and callable(getattr(probe, "_invoke_callbacks", None))
         and probe._state == _PENDING  # type: ignore[attr-defined]
+        # The condition's own waiters, which resolving reads to skip notify_all when there are none.
+        and isinstance(getattr(threading.Condition(), "_waiters", None), collections.deque)
     )
 
 
@@ -203,7 +206,8 @@ def _resolve_fast(
                     waiter.add_exception(future)
             if future._done_callbacks:
                 with_callbacks.append(future)
-        condition.notify_all()
+        if condition._waiters:  # type: ignore[attr-defined]  # most batches have none: no notify_all
+            condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:
         future._invoke_callbacks()
