@@ -129,6 +129,29 @@ def test_plain_messages_are_sized_as_on_the_wire(length: int) -> None:
     assert [m.data for m in call.request.messages] == [payloads[0], payloads[1], payloads[2], payloads[0]]
 
 
+def test_plain_messages_of_mixed_lengths_keep_their_order_on_the_wire() -> None:
+    # Messages of data alone are framed when the request is built: runs of one length and of several,
+    # before and after a message with attributes, come out as protobuf would write them, in order.
+    transport = ScriptedTransport()
+    settings_ = BatchSettings(max_messages=1000, max_latency=60)
+    before = [b"", b"a", b"b" * 200, b"c" * 16_366, b"d" * 20_000, b"e"]
+    after = [b"f" * 3, b"g" * 3, b"h" * 3]
+    with PublisherClient(transport=transport, batch_settings=settings_) as publisher:
+        futures = [publisher.publish(TOPIC, payload) for payload in before]
+        futures.append(publisher.publish(TOPIC, b"attributed", kind="x"))
+        futures += [publisher.publish(TOPIC, payload) for payload in after]
+        (batch,) = publisher._core._open.values()
+        messages = [PubsubMessagePb(data=payload) for payload in before]
+        messages.append(PubsubMessagePb(data=b"attributed", attributes={"kind": "x"}))
+        messages += [PubsubMessagePb(data=payload) for payload in after]
+        expected = PublishRequestPb(topic=TOPIC, messages=messages).SerializeToString()
+        assert batch.wire() == expected  # while open: built, not kept
+        assert batch.byte_size == len(expected)
+    assert [future.result() for future in futures] == [str(n) for n in range(len(messages))]
+    (call,) = transport.calls
+    assert call.request.SerializeToString() == expected
+
+
 def test_a_transport_that_breaks_fails_the_futures() -> None:
     async def broken(call: ScriptedCall) -> Sequence[str]:
         raise ValueError("transport bug")

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -452,28 +453,42 @@ def _forget_result(task: asyncio.Future[object]) -> None:
 
 
 class _Driver:
-    """Carries the core's actions out on asyncio, and feeds it the events that come back."""
+    """Carries the core's actions out on asyncio, and feeds it the events that come back.
+
+    The core's timers share one clock timer: the driver keeps when each is due and arms a single
+    :meth:`Clock.call_later` for the earliest, so a batch answered in time arms one timer and cancels
+    it, where a timer each (the deadline, the attempt's timeout, the hedge) armed and cancelled three.
+    Cancelling a core's timer only forgets it; the clock timer, when it fires, reports every timer
+    due by then, earliest first, and is armed again for the next.
+    """
 
     def __init__(self, attempt: AttemptFn, clock: Clock, core: HedgingCore) -> None:
         self._attempt = attempt
         self._clock = clock
         self._core = core
         self._tasks: dict[int, asyncio.Task[Sequence[str]]] = {}
-        self._timers: dict[Timer, TimerHandle] = {}
+        #: When each of the core's running timers is due, on the clock's scale.
+        self._due: dict[Timer, float] = {}
+        #: The clock timer, armed for ``_armed_for``, the earliest due time when it was armed.
+        self._handle: TimerHandle | None = None
+        self._armed_for = math.inf
+        self._firing = False
         self._outcome: asyncio.Future[BatchOutcome] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> BatchOutcome:
         try:
-            self._carry_out(self._core.start(self._clock.now()))
+            now = self._clock.now()
+            self._carry_out(self._core.start(now), now)
             return await self._outcome
         finally:
             # Reached on cancellation (or on a bug in a callback): nothing of this batch may outlive it.
             self._stop_everything()
 
     def _stop_everything(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._due.clear()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle, self._armed_for = None, math.inf
         tasks, self._tasks = list(self._tasks.values()), {}
         for task in tasks:
             task.cancel()
@@ -481,7 +496,8 @@ class _Driver:
     async def _call(self, attempt_number: int, timeout: float) -> Sequence[str]:
         return await self._attempt(attempt_number, timeout)
 
-    def _carry_out(self, actions: list[Action]) -> None:
+    def _carry_out(self, actions: list[Action], now: float) -> None:
+        """Carry out the core's ``actions`` for an event at ``now`` (the time the core was given)."""
         for action in actions:
             if isinstance(action, SendAttempt):
                 task = asyncio.ensure_future(self._call(action.attempt_number, action.timeout))
@@ -490,13 +506,9 @@ class _Driver:
                     lambda done, attempt_id=action.attempt_id: self._finished(attempt_id, done)
                 )
             elif isinstance(action, StartTimer):
-                self._timers[action.timer] = self._clock.call_later(
-                    action.delay, lambda timer=action.timer: self._fired(timer)
-                )
+                self._due[action.timer] = now + action.delay
             elif isinstance(action, CancelTimer):
-                handle = self._timers.pop(action.timer, None)
-                if handle is not None:
-                    handle.cancel()
+                self._due.pop(action.timer, None)
             elif isinstance(action, CancelAttempt):
                 task = self._tasks.pop(action.attempt_id, None)
                 if task is not None:
@@ -505,6 +517,39 @@ class _Driver:
                 self._stop_everything()
                 if not self._outcome.done():
                     self._outcome.set_result(action.outcome)
+        if not self._firing:
+            self._arm(now)
+
+    def _arm(self, now: float) -> None:
+        """Arm the clock timer for the earliest due timer, unless it is armed for that or sooner."""
+        if not self._due:
+            return
+        earliest = min(self._due.values())
+        if earliest < self._armed_for:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._armed_for = earliest
+            self._handle = self._clock.call_later(earliest - now, self._fire)
+
+    def _fire(self) -> None:
+        """The clock timer went off: report every timer due by then, earliest first, then arm again."""
+        now = self._clock.now()
+        # A clock may run a timer a hair before its time (asyncio within its clock's resolution): what
+        # it was armed for counts as due.
+        limit = max(now, self._armed_for)
+        self._handle, self._armed_for = None, math.inf
+        self._firing = True
+        try:
+            while self._due and not self._outcome.done():
+                timer, due = min(self._due.items(), key=_due_time)
+                if due > limit:
+                    break
+                del self._due[timer]
+                self._carry_out(self._core.timer_fired(timer, now), now)
+        finally:
+            self._firing = False
+        if not self._outcome.done():
+            self._arm(now)
 
     def _finished(self, attempt_id: int, task: asyncio.Task[Sequence[str]]) -> None:
         if self._tasks.get(attempt_id) is not task:
@@ -514,14 +559,14 @@ class _Driver:
         now = self._clock.now()
         if task.cancelled():
             error = RpcError(StatusCode.CANCELLED, "the attempt was cancelled outside the engine")
-            self._carry_out(self._core.attempt_failed(attempt_id, error, now))
+            self._carry_out(self._core.attempt_failed(attempt_id, error, now), now)
             return
         exception = task.exception()
         if exception is None:
-            self._carry_out(self._core.attempt_succeeded(attempt_id, task.result(), now))
+            self._carry_out(self._core.attempt_succeeded(attempt_id, task.result(), now), now)
         else:
-            self._carry_out(self._core.attempt_failed(attempt_id, exception, now))
+            self._carry_out(self._core.attempt_failed(attempt_id, exception, now), now)
 
-    def _fired(self, timer: Timer) -> None:
-        self._timers.pop(timer, None)
-        self._carry_out(self._core.timer_fired(timer, self._clock.now()))
+
+def _due_time(entry: tuple[Timer, float]) -> float:
+    return entry[1]

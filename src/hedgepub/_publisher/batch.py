@@ -3,7 +3,10 @@
 A batch keeps its messages as the bytes they take in the request: a message of data alone is framed by
 hand (a few bytes of field tags and lengths, kept per length, then the caller's bytes, not copied), any
 other message is serialized once. The request that is sent is those pieces joined behind the topic field,
-built once when the batch is sent: no protobuf object per message, no proto-plus. Adding a message costs
+built once when the batch is sent: no protobuf object per message, no proto-plus. Messages of data alone
+are kept as the caller's bytes only (:attr:`Batch.plain`, one list append on the hot path) and framed
+when the request is built, all at once: when they have one length, as most batches' do, by joining them
+with that length's head, at C speed. Adding a message costs
 about half of adding it to a protobuf request, and the request needs no serializing. Transports that take
 the bytes (:class:`~hedgepub._transport.grpc.GrpcTransport`) get them; others get :attr:`Batch.request`,
 the same bytes parsed. Sizes are those of the wire: a request is its ``topic`` field plus, per message,
@@ -74,6 +77,19 @@ def data_head(length: int) -> bytes:
     return head
 
 
+def frame_data(payloads: list[bytes]) -> bytes:
+    """``payloads`` framed as messages of data alone, in order, as they go into a ``PublishRequest``."""
+    if not payloads:
+        return b""
+    lengths = set(map(len, payloads))
+    if len(lengths) == 1:  # one head for all: join them with it
+        head = data_head(lengths.pop())
+        return head + head.join(payloads)
+    heads = DATA_HEADS
+    framed = [piece for data in payloads for piece in (heads.get(len(data)) or data_head(len(data)), data)]
+    return b"".join(framed)
+
+
 def message_head(size: int) -> bytes:
     """The bytes before a serialized message of ``size`` bytes that frame it in a ``PublishRequest``."""
     return _MESSAGES_TAG + varint(size)
@@ -134,6 +150,7 @@ class Batch:
         "open_key",
         "ordering_key",
         "parts",
+        "plain",
         "progress",
         "state",
         "timer",
@@ -152,8 +169,11 @@ class Batch:
         self.topic = topic
         self.ordering_key = ordering_key
         self.batch_id = batch_id
-        #: The messages as they go on the wire, in order (see the module's docstring).
+        #: The messages as they go on the wire, in order (see the module's docstring), before those of
+        #: :attr:`plain`.
         self.parts: list[bytes] = []
+        #: Payloads of messages of data alone added after :attr:`parts`, not framed yet.
+        self.plain: list[bytes] = []
         self._wire: bytes | None = None
         self._request: Any = None
         self.byte_size = request_overhead(topic)
@@ -176,20 +196,23 @@ class Batch:
 
     def add_data(self, data: bytes) -> None:
         """Add a message of ``data`` alone (holding the batch's lock)."""
-        self.parts += (data_head(len(data)), data)
+        self.plain.append(data)
 
     def add_message(self, message: Any) -> None:
         """Add a raw ``PubsubMessage`` (holding the batch's lock)."""
         body = message.SerializeToString()
+        if self.plain:  # the messages of data alone before it go first
+            self.parts.append(frame_data(self.plain))
+            self.plain = []
         self.parts += (message_head(len(body)), body)
 
     def wire(self) -> bytes:
         """The serialized ``PublishRequest``; built once the batch is sealed (it is kept from then on)."""
         wire = self._wire
         if wire is None:
-            wire = topic_field(self.topic) + b"".join(self.parts)
+            wire = topic_field(self.topic) + b"".join(self.parts) + frame_data(self.plain)
             if self.state is not BatchState.OPEN:
-                self._wire, self.parts = wire, []
+                self._wire, self.parts, self.plain = wire, [], []
         return wire
 
     @property

@@ -150,13 +150,22 @@ class _ClientFacade:
             meter_provider=meter_provider,
         )
         self._core = build_core(**self._core_arguments)
-        self._trace_publish()
+        self._bind_publish()
         self._start()
 
-    def _trace_publish(self) -> None:
-        """With OpenTelemetry on, make ``publish`` the core's traced one."""
+    def _bind_publish(self) -> None:
+        """With OpenTelemetry on, make ``publish`` the core's traced one; without it, the sync client's
+        ``publish`` is the core's own function
+        (:meth:`~hedgepub._publisher.core._PublisherCore.sync_publish`), called without a method of the
+        client in between."""
         telemetry = self._core.telemetry
-        if telemetry is not None:
+        if self._sync_futures:
+            #: The core's publish function (it refers to the core, not to the client).
+            self._publish_function = self._core.sync_publish()
+        if telemetry is None:
+            if self._sync_futures:
+                self.publish = self._publish_function  # type: ignore[method-assign]
+        else:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
             # plain method, with not even a check for telemetry on its hot path.
             plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
@@ -333,7 +342,7 @@ class PublisherClient(_ClientFacade):
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
             self._core = build_core(**self._core_arguments)
-            self._trace_publish()  # spans and metrics of the child's own core
+            self._bind_publish()  # spans and metrics of the child's own core
             self._start()
 
     def publish(
@@ -347,16 +356,9 @@ class PublisherClient(_ClientFacade):
             RuntimeError: the publisher has been shut down.
             FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
         """
-        core = self._core
-        if core.plain and not attributes and not ordering_key:
-            future = core.add_plain(topic, data)
-            if future is not None:
-                return future  # type: ignore[no-any-return]
-        message, size, framed = core.prepare(topic, data, ordering_key, attributes)
-        if core.flow.enabled:
-            core.flow.acquire(size, core.flush_soon)
-            return core.add_admitted(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
-        return core.add(topic, data, ordering_key, message, size, framed)  # type: ignore[no-any-return]
+        # An untraced client calls the core's function directly (see _bind_publish): this method runs for
+        # a traced one, or when called through the class.
+        return self._publish_function(topic, data, ordering_key, **attributes)  # type: ignore[no-any-return]
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.

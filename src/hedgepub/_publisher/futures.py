@@ -28,6 +28,7 @@ The fast path relies on ``concurrent.futures.Future``'s internal fields, unchang
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import itertools
 import threading
@@ -47,6 +48,8 @@ def _check_fast_path() -> bool:
         and all(hasattr(probe, name) for name in ("_condition", "_state", "_waiters", "_done_callbacks"))
         and callable(getattr(probe, "_invoke_callbacks", None))
         and probe._state == _PENDING  # type: ignore[attr-defined]
+        # The condition's own waiters, which resolving reads to skip notify_all when there are none.
+        and isinstance(getattr(threading.Condition(), "_waiters", None), collections.deque)
     )
 
 
@@ -92,17 +95,21 @@ class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     _waiters = _ListOnFirstUse()
     _done_callbacks = _ListOnFirstUse()
 
-    def __init__(self, condition: threading.Condition) -> None:
-        if not FAST_PATH:
+    if FAST_PATH:  # chosen once here, not on each of the hundreds of thousands of futures a second
+
+        def __init__(self, condition: threading.Condition) -> None:
+            self._condition = condition
+            # Set here, although resolving writes two of them again: CPython keeps the attributes that
+            # __init__ sets in the object itself, and builds a separate dict for one set later, which made
+            # resolving a future eight times dearer and gave the collector one more object per message.
+            self._state = _PENDING
+            self._result = None
+            self._exception = None
+
+    else:
+
+        def __init__(self, condition: threading.Condition) -> None:
             super().__init__()
-            return
-        self._condition = condition
-        # Set here, although resolving writes two of them again: CPython keeps the attributes that
-        # __init__ sets in the object itself, and builds a separate dict for one set later, which made
-        # resolving a future eight times dearer and gave the collector one more object per message.
-        self._state = _PENDING
-        self._result = None
-        self._exception = None
 
     # A finished future never changes again, and its result and exception are written before its state
     # (under the condition, see _resolve_fast): once the state reads FINISHED they can be read without
@@ -199,7 +206,8 @@ def _resolve_fast(
                     waiter.add_exception(future)
             if future._done_callbacks:
                 with_callbacks.append(future)
-        condition.notify_all()
+        if condition._waiters:  # type: ignore[attr-defined]  # most batches have none: no notify_all
+            condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:
         future._invoke_callbacks()

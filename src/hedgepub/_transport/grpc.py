@@ -41,6 +41,7 @@ where the ``RpcError`` is of the code's class (``NOT_FOUND``: ``hedgepub._except
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -123,6 +124,12 @@ def _status_details(error: grpc.RpcError) -> tuple[list[Any], Any]:
     return list(details), error_info
 
 
+@functools.lru_cache(maxsize=1024)
+def _routing_header(topic: str) -> str:
+    """The routing header's value for ``topic`` (kept: quoting it was a tenth of a batch's own work)."""
+    return "topic=" + quote(topic, safe="/")
+
+
 def request_metadata(
     topic: str, batch_id: str, attempt: int, publish_start_time: float | None = None
 ) -> tuple[tuple[str, str], ...]:
@@ -130,7 +137,7 @@ def request_metadata(
     telemetry header (``attempt`` as ``hedged_attempt_count``, the batch's ``publish_start_time`` in
     seconds since the epoch) and hedgepub's batch id."""
     return (
-        (REQUEST_PARAMS_KEY, "topic=" + quote(topic, safe="/")),
+        (REQUEST_PARAMS_KEY, _routing_header(topic)),
         (CLIENT_TELEMETRY_KEY, encode_client_telemetry(attempt, publish_start_time)),
         (BATCH_ID_KEY, batch_id),
     )
