@@ -16,7 +16,10 @@ Targets:
   chunks of 20,000 no more than 10% below that of the three before, at most three times as many),
   then measured each round on a new topic and subscription (deleted after the round, so that it does not
   keep the messages);
-* ``baseline``: an older hedgepub on SQLite (``--baseline-src``).
+* ``baseline``: an older hedgepub on SQLite (``--baseline-src``);
+* ``floor``: a bare ``grpc.aio`` server in Python (this script with ``--serve-floor``) whose Publish parses
+  the request and answers its message IDs, storing nothing: the most any server written on ``grpc.aio``
+  in CPython can take on this machine, the ceiling of the ``memory`` target.
 
 Each run prints messages/s and the server's CPU time per message (user + system of its process and its
 children, from /proc on Linux), which a busy machine disturbs far less than the wall clock. The summary
@@ -163,6 +166,8 @@ class ServerProcess:
 
     def command(self) -> list[str]:
         """The command line that starts this server."""
+        if self.kind == "floor":
+            return [sys.executable, __file__, "--serve-floor", str(self.port)]
         if self.kind == "emulator":
             binary = emulator_binary()
             if binary is None:
@@ -339,6 +344,7 @@ KINDS: dict[str, tuple[str, bool]] = {
     "sqlite-grpc": ("sqlite", False),
     "memory-grpc": ("memory", False),
     "baseline": ("sqlite", True),
+    "floor": ("floor", False),
     "emulator-cold": ("emulator", False),
     "emulator-warm": ("emulator", False),
 }
@@ -438,6 +444,14 @@ def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, r
         asyncio.run(delete_topic_and_subscription(warm.address, topic, subscription))
         return Run(target, *dataclasses.astuple(run)[1:])
     kind, rest = KINDS[target]
+    if kind == "floor":
+        server = ServerProcess(kind)
+        server.start()
+        try:
+            run = publish_and_measure(server, TOPIC, SUBSCRIPTION, args, args.messages)
+        finally:
+            server.stop()
+        return Run(target, *dataclasses.astuple(run)[1:])
     source = args.baseline_src if target == "baseline" else None
     with tempfile.TemporaryDirectory(prefix="hedgepub-ingest-") as data_dir:
         server = ServerProcess(kind, Path(data_dir), source, rest=rest)
@@ -449,8 +463,58 @@ def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, r
     return Run(target, *dataclasses.astuple(run)[1:])
 
 
+def serve_floor(port: int) -> None:
+    """The ``floor`` target: a ``grpc.aio`` server whose Publish answers IDs and keeps nothing (every
+    other method: UNIMPLEMENTED, and NOT_FOUND for GetTopic so that :meth:`ServerProcess.start` sees it
+    answer)."""
+    sequence = 1
+
+    async def publish(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        nonlocal sequence
+        first, sequence = sequence, sequence + len(request.messages)
+        return PublishResponse(message_ids=list(map(str, range(first, sequence))))
+
+    async def get_topic(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no topics here")
+
+    async def accept(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return request  # CreateTopic, CreateSubscription: nothing to create
+
+    def unary(behavior: Any, parse: Any) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(
+            behavior, request_deserializer=parse, response_serializer=_serializer
+        )
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "google.pubsub.v1.Publisher",
+                    {
+                        "Publish": unary(publish, PublishRequest.FromString),
+                        "GetTopic": unary(get_topic, pubsub_types.GetTopicRequest.pb().FromString),
+                        "CreateTopic": unary(accept, Topic.FromString),
+                    },
+                ),
+                grpc.method_handlers_generic_handler(
+                    "google.pubsub.v1.Subscriber",
+                    {"CreateSubscription": unary(accept, Subscription.FromString)},
+                ),
+            )
+        )
+        server.add_insecure_port(f"{HOST}:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(run())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print a table and the ratios."""
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--serve-floor":
+        serve_floor(int(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000, help="messages per target and round")
     parser.add_argument("--publishers", type=int, default=4, help="concurrent publishers")
@@ -459,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every target")
     parser.add_argument(
         "--targets",
-        default="sqlite,memory,emulator-cold,emulator-warm",
+        default="sqlite,memory,emulator-cold,emulator-warm,floor",
         help=f"comma-separated, of: {', '.join(KINDS)} (baseline is added by --baseline-src)",
     )
     parser.add_argument(
@@ -556,6 +620,9 @@ def main(argv: list[str] | None = None) -> None:
         ("memory", "emulator-cold"),
         ("sqlite", "baseline"),
         ("sqlite", "memory"),
+        ("memory-grpc", "floor"),
+        ("sqlite-grpc", "floor"),
+        ("emulator-warm", "floor"),
         ("memory", "memory-grpc"),
         ("sqlite", "sqlite-grpc"),
     ):

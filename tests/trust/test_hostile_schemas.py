@@ -169,6 +169,43 @@ def test_a_deep_protobuf_binary_message_is_invalid_argument(serve: ServerProcess
     _alive(serve)
 
 
+_UNION_AND_ENUM = json.dumps(
+    {
+        "type": "record",
+        "name": "Choice",
+        "fields": [
+            {"name": "maybe", "type": ["null", "long"]},
+            {"name": "colour", "type": {"type": "enum", "name": "Colour", "symbols": ["RED", "GREEN"]}},
+        ],
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("definition", "message"),
+    [
+        # A union index of -1 (zigzag b"\x01") over and over: Avro's reader took it as the last branch,
+        # the recursive one, and recursed in C until the server's process died (SIGSEGV).
+        (LINKED, b"\x01" * 5_000),
+        (LINKED, b"\x02" * 3 + b"\x01"),
+        # Negative or too large indexes in a schema without recursion: refused, not read as another branch.
+        (_UNION_AND_ENUM, b"\x01" + b"\x00"),
+        (_UNION_AND_ENUM, b"\x04" + b"\x00"),
+        (_UNION_AND_ENUM, b"\x00" + b"\x01"),
+        (_UNION_AND_ENUM, b"\x00" + b"\x04"),
+    ],
+)
+def test_a_union_branch_or_enum_symbol_out_of_range_is_invalid_argument(
+    serve: ServerProcess, rpc: Rpc, definition: str, message: bytes
+) -> None:
+    code, details = _validate_message(rpc, AVRO, definition, message, BINARY)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    _alive(serve)
+    # In range, the same schemas take the message.
+    good = b"\x02" * 3 + b"\x00" if definition == LINKED else b"\x02\x06" + b"\x02"
+    assert _validate_message(rpc, AVRO, definition, good, BINARY)[0] == grpc.StatusCode.OK
+
+
 def test_publishing_a_deep_message_to_a_recursive_schema_topic_is_refused(
     serve: ServerProcess, rpc: Rpc
 ) -> None:

@@ -206,10 +206,10 @@ class FailingStore(MemoryStore):
         super().__init__()
         self.failing: set[str] = set()
 
-    async def append(self, topic: str, messages: Any, subscriptions: Any) -> None:
-        if topic in self.failing:
-            raise OSError(f"disk full while appending to {topic}")
-        await super().append(topic, messages, subscriptions)
+    async def append(self, batch: Any, subscriptions: Any) -> None:
+        if batch.topic in self.failing:
+            raise OSError(f"disk full while appending to {batch.topic}")
+        await super().append(batch, subscriptions)
 
     async def ack(self, subscription: str, sequences: Any) -> None:
         if subscription in self.failing:

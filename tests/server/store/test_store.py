@@ -15,6 +15,7 @@ from hedgepub.server import MemoryStore, Store
 from hedgepub.server._store.sqlite import SqliteStore
 
 from ..._pb import PubsubMessage, Subscription, Topic
+from .batches import append
 
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTIONS = ["projects/p/subscriptions/first", "projects/p/subscriptions/second"]
@@ -88,8 +89,8 @@ async def test_resources_round_trip(stores: tuple[Store, Reopen]) -> None:
 async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(TOPIC, [message(1, b"one", k="v"), message(2, b"two")], SUBSCRIPTIONS)
-    await store.append(TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(1, b"one", k="v"), message(2, b"two")], SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [2, 99])
     await store.ack(SUBSCRIPTIONS[1], [3])  # never its message: changes nothing
     store = await reopen()
@@ -103,7 +104,7 @@ async def test_unacked_messages_come_back_per_subscription(stores: tuple[Store, 
 async def test_pending_reads_a_backlog_in_pages(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])
-    await store.append(TOPIC, [message(i, b"m") for i in range(1, 11)], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(i, b"m") for i in range(1, 11)], SUBSCRIPTIONS[:1])
     await store.ack(SUBSCRIPTIONS[0], [4, 5])
     store = await reopen()
     assert [s for s, _ in store.pending(SUBSCRIPTIONS[0], 0, 3)] == [1, 2, 3]
@@ -118,7 +119,7 @@ async def test_a_message_is_stored_once_and_goes_with_its_last_reference(
 ) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(TOPIC, [message(1, b"a"), message(2, b"b")], SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(1, b"a"), message(2, b"b")], SUBSCRIPTIONS)
     assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # once, not once per subscription
     await store.ack(SUBSCRIPTIONS[0], [1, 2])
     assert [m.data for _, m in store.messages(TOPIC)] == [b"a", b"b"]  # the second still needs them
@@ -136,13 +137,13 @@ async def test_unsubscribed_messages_are_dropped_unless_kept(
     stores: tuple[Store, Reopen], keeping: Store
 ) -> None:
     store, reopen = stores
-    await store.append(TOPIC, [message(1, b"a"), message(2, b"b")], [])
+    await append(store, TOPIC, [message(1, b"a"), message(2, b"b")], [])
     store = await reopen()
     assert store.messages(TOPIC) == []
     assert store.load().next_sequence == 3
-    await keeping.append(TOPIC, [message(1, b"a"), message(2, b"b")], [])
-    await keeping.append("projects/p/topics/other", [message(3, b"c")], [])
-    await keeping.append(TOPIC, [message(4, b"d")], [])
+    await append(keeping, TOPIC, [message(1, b"a"), message(2, b"b")], [])
+    await append(keeping, "projects/p/topics/other", [message(3, b"c")], [])
+    await append(keeping, TOPIC, [message(4, b"d")], [])
     assert [m.data for _, m in keeping.messages(TOPIC)] == [b"a", b"b", b"d"]
     assert keeping.messages("projects/p/topics/none") == []
 
@@ -150,8 +151,8 @@ async def test_unsubscribed_messages_are_dropped_unless_kept(
 async def test_deleting_a_subscription_forgets_its_backlog(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(TOPIC, [message(1, b"x")], SUBSCRIPTIONS[:1])
-    await store.append(TOPIC, [message(2, b"y")], SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(1, b"x")], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(2, b"y")], SUBSCRIPTIONS)
     await store.delete("subscriptions", SUBSCRIPTIONS[0])
     await subscribe(store, SUBSCRIPTIONS[0])
     store = await reopen()
@@ -164,7 +165,7 @@ async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple
     store, reopen = stores
     await store.put("topics", TOPIC, Topic(name=TOPIC))
     await subscribe(store, SUBSCRIPTIONS[0])
-    await store.append(TOPIC, [message(1, b"x"), message(2, b"y")], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(1, b"x"), message(2, b"y")], SUBSCRIPTIONS[:1])
     await store.clear()
     store = await reopen()
     snapshot = store.load()
@@ -176,7 +177,7 @@ async def test_clear_forgets_everything_but_never_reuses_sequences(stores: tuple
 async def test_delivery_attempts_are_kept_on_references(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, *SUBSCRIPTIONS)
-    await store.append(TOPIC, [message(i, b"m") for i in range(1, 6)], SUBSCRIPTIONS)
+    await append(store, TOPIC, [message(i, b"m") for i in range(1, 6)], SUBSCRIPTIONS)
     await store.record_attempts(SUBSCRIPTIONS[0], [(2, 1), (4, 3), (99, 7)])  # 99: never referenced
     await store.record_attempts(SUBSCRIPTIONS[0], [(2, 2)])  # a later count replaces the earlier one
     store = await reopen()
@@ -213,7 +214,9 @@ async def test_subscription_activity_is_kept_until_the_subscription_goes(
 async def test_concurrent_writes_all_commit(stores: tuple[Store, Reopen]) -> None:
     store, reopen = stores
     await subscribe(store, SUBSCRIPTIONS[0])
-    await asyncio.gather(*(store.append(TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 201)))
+    await asyncio.gather(
+        *(append(store, TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 201))
+    )
     store = await reopen()
     assert backlog(store, SUBSCRIPTIONS[0]) == list(range(1, 201))
 
@@ -223,7 +226,7 @@ async def test_sqlite_groups_concurrent_writes_into_few_commits(tmp_path: Path) 
     try:
         await subscribe(store, SUBSCRIPTIONS[0])
         await asyncio.gather(
-            *(store.append(TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 301))
+            *(append(store, TOPIC, [message(i, b"m")], SUBSCRIPTIONS[:1]) for i in range(1, 301))
         )
         assert store.commits < 300
     finally:
@@ -234,10 +237,10 @@ async def test_sqlite_failed_write_fails_only_its_caller(tmp_path: Path) -> None
     store = SqliteStore(tmp_path / "fail.sqlite3")
     try:
         await subscribe(store, SUBSCRIPTIONS[0])
-        await store.append(TOPIC, [message(1, b"m")], SUBSCRIPTIONS[:1])
+        await append(store, TOPIC, [message(1, b"m")], SUBSCRIPTIONS[:1])
         results = await asyncio.gather(
-            store.append(TOPIC, [message(1, b"duplicate sequence")], SUBSCRIPTIONS[:1]),
-            store.append(TOPIC, [message(2, b"fine")], SUBSCRIPTIONS[:1]),
+            append(store, TOPIC, [message(1, b"duplicate sequence")], SUBSCRIPTIONS[:1]),
+            append(store, TOPIC, [message(2, b"fine")], SUBSCRIPTIONS[:1]),
             return_exceptions=True,
         )
         assert isinstance(results[0], Exception) and results[1] is None
@@ -309,7 +312,7 @@ async def test_sqlite_opens_a_file_without_delivery_attempts(tmp_path: Path) -> 
     path = tmp_path / "uncounted.sqlite3"
     store = SqliteStore(path)
     await subscribe(store, SUBSCRIPTIONS[0])
-    await store.append(TOPIC, [message(1, b"one"), message(2, b"two")], SUBSCRIPTIONS[:1])
+    await append(store, TOPIC, [message(1, b"one"), message(2, b"two")], SUBSCRIPTIONS[:1])
     await store.close()
     with sqlite3.connect(path) as old:
         old.executescript(
@@ -323,7 +326,7 @@ async def test_sqlite_opens_a_file_without_delivery_attempts(tmp_path: Path) -> 
         assert backlog(store, SUBSCRIPTIONS[0]) == [1, 2]
         assert store.attempts(SUBSCRIPTIONS[0], 0, 2) == {}
         await store.record_attempts(SUBSCRIPTIONS[0], [(2, 3)])
-        await store.append(TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
+        await append(store, TOPIC, [message(3, b"three")], SUBSCRIPTIONS[:1])
     finally:
         await store.close()
     store = SqliteStore(path)

@@ -13,6 +13,7 @@ from hedgepub.server import MemoryStore, Store
 from hedgepub.server._store.sqlite import SqliteStore
 
 from ..._pb import PubsubMessage, Snapshot, Subscription
+from .batches import append
 
 TOPIC = "projects/p/topics/stored"
 SUBSCRIPTION = "projects/p/subscriptions/first"
@@ -49,7 +50,7 @@ async def fill(store: Store) -> None:
     await store.put("subscriptions", SUBSCRIPTION, Subscription(name=SUBSCRIPTION, topic=TOPIC))
     records = [(1, message(b"a", 10)), (2, message(b"b", 20)), (3, message(b"c", 20))]
     records += [(4, message(b"d", 30)), (5, message(b"e", 40))]
-    await store.append(TOPIC, records, [SUBSCRIPTION])
+    await append(store, TOPIC, records, [SUBSCRIPTION])
 
 
 async def test_a_holder_keeps_messages_its_subscription_acknowledged(stores: tuple[Store, Reopen]) -> None:
@@ -78,7 +79,7 @@ async def test_a_snapshot_is_a_resource_that_holds_references(stores: tuple[Stor
     await fill(store)
     await store.put("snapshots", SNAPSHOT, Snapshot(name=SNAPSHOT, topic=TOPIC))
     await store.reference(SNAPSHOT, store.referenced(SUBSCRIPTION))
-    await store.append(TOPIC, [(6, message(b"f", 50))], [SUBSCRIPTION, SNAPSHOT])
+    await append(store, TOPIC, [(6, message(b"f", 50))], [SUBSCRIPTION, SNAPSHOT])
     await store.ack(SUBSCRIPTION, [1, 2, 3, 4, 5, 6])
     store = await reopen()
     assert store.load().snapshots[SNAPSHOT].topic == TOPIC

@@ -139,10 +139,10 @@ class PubSubServicer:
                     request.topic,
                     batch_id,
                     (len(request.messages), size),
-                    lambda: self.core.publish(request.topic, request.messages, size),
+                    lambda: self.core.publish(request.topic, request.messages, size, request),
                 )
                 return _PublishResponse(message_ids=ids)
-        ids = await self.core.publish(request.topic, request.messages, size)
+        ids = await self.core.publish(request.topic, request.messages, size, request)
         return _PublishResponse(message_ids=ids)
 
     # ------------------------------------------------------------ Subscriber

@@ -337,9 +337,12 @@ class PubSubCore:
         self._sync_delivery(name)
 
     # ----------------------------------------------------------------- publish (see _publishing)
-    async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
-        """Publish: validate, number, make durable, fan out; return the message IDs."""
-        return await self.publishing.publish(topic_name, messages, request_bytes)
+    async def publish(
+        self, topic_name: str, messages: Any, request_bytes: int, request: Any = None
+    ) -> list[str]:
+        """Publish: validate, number, make durable, fan out; return the message IDs (``request``: the
+        ``PublishRequest`` holding ``messages``, which the store may keep as it is)."""
+        return await self.publishing.publish(topic_name, messages, request_bytes, request)
 
     async def delete_schema(self, name: str) -> None:
         """DeleteSchema: topics that named it keep validating against nothing (``_deleted-schema_``)."""

@@ -48,6 +48,7 @@ from hedgepub.server._pubsub.leases import (
     retry_delay,
 )
 from hedgepub.server._pubsub.transforms import TransformFailed, pipeline_for
+from hedgepub.server._store.batch import Batch
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
 ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
@@ -187,34 +188,39 @@ class SubscriptionState:
                 self.key_backlog[key] = deque()
         self.ready.append(pending)
 
-    def add(self, records: Sequence[tuple[int, Any]]) -> list[int]:
-        """Newly published messages, already durable: into the window if they fit, else left in the store.
+    def add(self, batch: Batch) -> list[int]:
+        """A newly published batch, already durable: into the window if it fits, else left in the store.
 
         Returns the sequences the filter refused: the caller acknowledges those in the store, since to the
         subscription they are acknowledged at publish time, as the real service does, and never delivered.
+        Messages are stamped (:meth:`Batch.stamped`) only if some enter the window.
         """
         refused: list[int] = []
         if self.config.filter:
             matches = self.matches
             kept = []
-            for record in records:
-                if matches(record[1].attributes):
-                    kept.append(record)
+            for sequence, message in zip(range(batch.first, batch.end), batch.messages, strict=True):
+                if matches(message.attributes):
+                    kept.append(sequence)
                 else:
-                    refused.append(record[0])
-            records = kept
-        if not self.more:
+                    refused.append(sequence)
+            sequences: Sequence[int] = kept
+        else:
+            sequences = range(batch.first, batch.end)
+        if not self.more and sequences:
             cursor = self.cursor
-            for sequence, message in records:
+            messages = batch.stamped()
+            first = batch.first
+            for sequence in sequences:
                 if sequence <= cursor:
                     continue  # already read from the store by a refill
                 if self._full():
                     self.more = True
                     break
-                self._place(Pending(sequence, message))
+                self._place(Pending(sequence, messages[sequence - first]))
                 cursor = sequence
             self.cursor = cursor
-        if records:
+        if sequences:
             self.notify()
         return refused
 

@@ -118,6 +118,30 @@ def _full_name(name: str, namespace: str) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
+def avro_has_choices(schema: Any) -> bool:
+    """Whether a parsed Avro schema has a union or an enum: a value that is an index into a list, which
+    the Avro reader would also take negative (see :func:`check_avro_depth`)."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, list):
+            return True
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        if kind == "enum":
+            return True
+        if kind in ("record", "error"):
+            pending.extend(item.get("type") for item in node.get("fields") or () if isinstance(item, dict))
+        elif kind == "array":
+            pending.append(node.get("items"))
+        elif kind == "map":
+            pending.append(node.get("values"))
+        else:
+            pending.append(kind)
+    return False
+
+
 def _avro_named_types(schema: Any) -> dict[str, Any]:
     """Every named type (record, enum, fixed) of a parsed schema by its full name (and its short name)."""
     names: dict[str, Any] = {}
@@ -159,7 +183,8 @@ def check_avro_depth(schema: Any, data: bytes, limit: int = MAX_AVRO_DEPTH) -> N
     its own, so that no depth of input can exhaust the thread's stack.
 
     It reads only as far as the data makes sense: what is wrong besides depth is left to the Avro reader
-    (which, given the same bytes, cannot go deeper than this walk did).
+    (which, given the same bytes, cannot go deeper than this walk did), but for a union branch or an enum
+    symbol out of range, refused here (INVALID_ARGUMENT), since the reader takes a negative one as valid.
     """
     named = _avro_named_types(schema)
     budget = max(100_000, 16 * len(data))  # items; an array of a billion nulls is a few bytes
@@ -227,7 +252,10 @@ def check_avro_depth(schema: Any, data: bytes, limit: int = MAX_AVRO_DEPTH) -> N
             if isinstance(node, list):
                 index = varint()
                 if not 0 <= index < len(node):
-                    raise _Truncated
+                    # Refused here: the Avro reader takes a negative index as counting from the end (a
+                    # Python list's), so that b"\x01" (-1) reads as the union's last branch, over and over
+                    # in C until its stack runs out.
+                    raise invalid(f"The Avro message names branch {index} of a union of {len(node)}.")
                 stack.append(("value", node[index], namespace, depth))
                 continue
             if not isinstance(node, dict):
@@ -245,7 +273,10 @@ def check_avro_depth(schema: Any, data: bytes, limit: int = MAX_AVRO_DEPTH) -> N
                     raise too_deep("The Avro message", limit)
                 stack.append(("block", node, namespace, depth + 1, 0))
             elif kind == "enum":
-                varint()
+                index = varint()
+                symbols = node.get("symbols")
+                if isinstance(symbols, list) and not 0 <= index < len(symbols):
+                    raise invalid(f"The Avro message names symbol {index} of an enum of {len(symbols)}.")
             elif kind == "fixed":
                 size = node.get("size")
                 skip(size if isinstance(size, int) else -1)

@@ -19,6 +19,7 @@ from hedgepub.server._pubsub.delivery import SubscriptionState
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
 from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, pipeline_for
+from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.memory import Store
 
 __all__ = ["Publishing"]
@@ -67,8 +68,14 @@ class Publishing:
         #: The sequence number (and message ID) of the next message stored, on any topic.
         self.next_sequence = 1
 
-    async def publish(self, topic_name: str, messages: Any, request_bytes: int) -> list[str]:
-        """Publish: validate, number, make durable, fan out; return the message IDs."""
+    async def publish(
+        self, topic_name: str, messages: Any, request_bytes: int, request: Any = None
+    ) -> list[str]:
+        """Publish: validate, number, make durable, fan out; return the message IDs.
+
+        ``request``, when given, is the ``PublishRequest`` whose ``messages`` these are: stored as it is
+        when every message is kept unchanged (see :class:`Batch`).
+        """
         if topic_name not in self._topics:
             # Raises INVALID_ARGUMENT or NOT_FOUND.
             resources.existing(self._topics, limits.check_topic_name(topic_name))
@@ -80,10 +87,11 @@ class Publishing:
             pipeline = pipeline_for(topic.message_transforms)
             if pipeline is not None:
                 kept, filtered = _transformed(pipeline, messages)
+                request = None  # the messages stored are the transforms' results
         if topic.HasField("schema_settings") and kept:
             await self._schemas.stamp_messages(topic_name, topic.schema_settings, kept)
         if not filtered:
-            return await self.append(topic_name, kept)
+            return await self.append(topic_name, kept, request)
         # A filtered message gets an ID (the publisher learns nothing of the filter) and is not stored;
         # its IDs come first, so that a stored message's ID is above them.
         filtered_ids = [str(self.next_sequence + offset) for offset in range(len(filtered))]
@@ -93,31 +101,19 @@ class Publishing:
         dropped = set(filtered)
         return [next(from_filtered) if index in dropped else next(kept_ids) for index in range(len(messages))]
 
-    async def append(self, topic_name: str, messages: Any) -> list[str]:
-        """Number, make durable and fan out messages already accepted (no request limits apply)."""
-        count = len(messages)
-        now_ns = self._wall_clock_ns()
-        seconds, nanos = divmod(now_ns, 1_000_000_000)
+    async def append(self, topic_name: str, messages: Any, request: Any = None) -> list[str]:
+        """Number, make durable and fan out messages already accepted (no request limits apply), as one
+        :class:`Batch` (``request``: the ``PublishRequest`` that holds exactly these messages, if any)."""
         sequence = self.next_sequence
-        self.next_sequence = sequence + count
-        records = []
-        ids = []
-        for message in messages:
-            message_id = str(sequence)
-            message.message_id = message_id
-            stamp = message.publish_time
-            stamp.seconds = seconds
-            stamp.nanos = nanos
-            records.append((sequence, message))
-            ids.append(message_id)
-            sequence += 1
+        batch = Batch(sequence, topic_name, self._wall_clock_ns(), messages, request)
+        self.next_sequence = batch.end
         attached = self._attached.get(topic_name)
         targets = list(attached.values()) if attached else []
         holders = [state.name for state in targets] + self._replay.holders_for(topic_name)
-        await self._store.append(topic_name, records, holders)
+        await self._store.append(batch, holders)
         for state in targets:
             if not state.deleted:
-                refused = state.add(records)
+                refused = state.add(batch)
                 if refused:
                     await self._store.ack(state.name, refused)
-        return ids
+        return batch.ids()

@@ -31,7 +31,7 @@ from google.pubsub_v1.types import schema as schema_types
 
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub.limits import ServiceError, invalid
-from hedgepub.server._pubsub.nesting import avro_is_recursive, check_avro_depth, load_json
+from hedgepub.server._pubsub.nesting import avro_has_choices, avro_is_recursive, check_avro_depth, load_json
 
 __all__ = ["PROTOC_TIMEOUT_SECONDS", "SchemaMismatch", "Validator", "compile_schema"]
 
@@ -84,6 +84,9 @@ class AvroValidator(Validator):
         #: A schema that refers to itself lets a message nest deeper than the schema: such messages are
         #: measured before fastavro's (recursive, C) reader sees them.
         self.recursive = avro_is_recursive(raw)
+        #: Whether binary messages are walked first (:func:`check_avro_depth`): for depth, and for union
+        #: and enum indexes, which fastavro takes negative (counting from the end) where Avro refuses them.
+        self.walk = self.recursive or avro_has_choices(raw)
         try:
             self.schema = fastavro.parse_schema(raw)
             # The JSON reader fills a missing field from its default; the schema it reads with has none,
@@ -108,7 +111,7 @@ class AvroValidator(Validator):
             raise SchemaMismatch(f"Could not parse JSON Avro message: {reason}") from None
 
     def _binary(self, data: bytes) -> None:
-        if self.recursive:
+        if self.walk:
             try:
                 check_avro_depth(self.raw, data)
             except ServiceError as error:

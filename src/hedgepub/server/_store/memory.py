@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import bisect
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from google.iam.v1 import policy_pb2
 from google.pubsub_v1.types import pubsub as pubsub_types
 from google.pubsub_v1.types import schema as schema_types
+
+from hedgepub.server._store.batch import Batch
 
 Topic: Any = pubsub_types.Topic.pb()
 Subscription: Any = pubsub_types.Subscription.pb()
@@ -109,10 +111,8 @@ class Store(Protocol):
     async def delete(self, kind: ResourceKind, name: str) -> None:
         """Delete a resource; deleting a subscription also drops its references (and what only they kept)."""
 
-    async def append(
-        self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
-    ) -> None:
-        """Store published messages (sequence, PubsubMessage) once, referenced by each subscription."""
+    async def append(self, batch: Batch, subscriptions: Sequence[str]) -> None:
+        """Store a published batch once, each of its messages referenced by each subscription."""
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
         """Drop a subscription's references (unknown sequences are ignored); unreferenced messages go."""
@@ -193,12 +193,11 @@ class _References:
         self.order: list[int] = []
         self.attempts: dict[int, int] = {}
 
-    def add(self, sequences: Iterable[int]) -> None:
-        live = self.live
-        for sequence in sequences:
-            if sequence not in live:
-                live.add(sequence)
-                self.order.append(sequence)
+    def add_range(self, first: int, end: int) -> None:
+        """Reference ``first`` .. ``end - 1``, all above every sequence referenced so far (a new batch):
+        two C-level loops, no Python work per message."""
+        self.live.update(range(first, end))
+        self.order.extend(range(first, end))
 
     def insert(self, sequence: int) -> bool:
         """Add one sequence anywhere in the order (replay adds older ones); whether it was new."""
@@ -245,6 +244,37 @@ class _References:
         return found
 
 
+class _StoredBatch:
+    """A batch in the in-memory store, with the count of references to each of its messages; a message
+    whose count reaches zero is gone, and the batch with its last message."""
+
+    __slots__ = ("batch", "counts", "live")
+
+    def __init__(self, batch: Batch, references: int) -> None:
+        self.batch = batch
+        self.counts = [references] * len(batch)
+        #: Messages with a reference.
+        self.live = len(batch)
+
+    def holds(self, sequence: int) -> bool:
+        """Whether message ``sequence`` is in the batch and still referenced."""
+        index = sequence - self.batch.first
+        return 0 <= index < len(self.counts) and self.counts[index] > 0
+
+    def unreference(self, sequence: int) -> bool:
+        """Drop one reference to a message the batch holds; whether the batch is now empty."""
+        index = sequence - self.batch.first
+        self.counts[index] -= 1
+        if self.counts[index] == 0:
+            self.live -= 1
+        return self.live == 0
+
+    def live_sequences(self) -> Iterator[int]:
+        """The sequences of the messages still referenced, in order."""
+        first = self.batch.first
+        return (first + index for index, count in enumerate(self.counts) if count > 0)
+
+
 class MemoryStore:
     """A :class:`Store` in memory: nothing survives the process; every write is immediate.
 
@@ -255,8 +285,10 @@ class MemoryStore:
     def __init__(self, *, keep_unsubscribed: bool = False) -> None:
         self.keep_unsubscribed = keep_unsubscribed
         self._resources: dict[str, dict[str, Any]] = {kind: {} for kind in _RESOURCE_CLASSES}
-        #: sequence -> [topic, message, references]; insertion (so publish) order.
-        self._messages: dict[int, list[Any]] = {}
+        #: The stored batches by first sequence, in insertion (so publish) order, and their first
+        #: sequences in order for bisection (deleted ones stay in the list until a compaction).
+        self._batches: dict[int, _StoredBatch] = {}
+        self._starts: list[int] = []
         self._references: dict[str, _References] = {}
         self._leases: dict[str, dict[int, tuple[int, str, int]]] = {}
         self._activity: dict[str, int] = {}
@@ -290,22 +322,31 @@ class MemoryStore:
         if kind in HOLDING_KINDS:
             await self.release(name)
 
-    async def append(
-        self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
-    ) -> None:
-        """Append in memory; the hot path of the in-memory server, so kept minimal."""
-        if not messages:
+    async def append(self, batch: Batch, subscriptions: Sequence[str]) -> None:
+        """Keep the batch as it is, referenced by each subscription: the hot path of the in-memory server,
+        so nothing here is done per message in Python."""
+        if not batch.messages:
             return
-        self._next_sequence = max(self._next_sequence, messages[-1][0] + 1)
-        count = len(subscriptions)
-        if count == 0 and not self.keep_unsubscribed:
+        self._next_sequence = max(self._next_sequence, batch.end)
+        holders = list(dict.fromkeys(subscriptions))
+        if not holders and not self.keep_unsubscribed:
             return  # nobody will ever read them
-        stored = self._messages
-        for sequence, message in messages:
-            # An unsubscribed message kept for messages() holds one reference that is never dropped.
-            stored[sequence] = [topic, message, count or 1]
-        for subscription in subscriptions:
-            self._references.setdefault(subscription, _References()).add(sequence for sequence, _ in messages)
+        # An unsubscribed message kept for messages() holds one reference that is never dropped.
+        self._batches[batch.first] = _StoredBatch(batch, len(holders) or 1)
+        self._starts.append(batch.first)
+        for holder in holders:
+            self._references.setdefault(holder, _References()).add_range(batch.first, batch.end)
+
+    def _find(self, sequence: int) -> _StoredBatch | None:
+        """The stored batch holding ``sequence``, if that message is still stored."""
+        starts = self._starts
+        index = bisect.bisect_right(starts, sequence) - 1
+        if index < 0:
+            return None
+        stored = self._batches.get(starts[index])
+        if stored is None or not stored.holds(sequence):
+            return None
+        return stored
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
         """Drop acknowledged references, and the messages nothing references any more."""
@@ -317,12 +358,11 @@ class MemoryStore:
                 self._unreference(sequence)
 
     def _unreference(self, sequence: int) -> None:
-        entry = self._messages.get(sequence)
-        if entry is None:
-            return
-        entry[2] -= 1
-        if entry[2] <= 0:
-            del self._messages[sequence]
+        stored = self._find(sequence)
+        if stored is not None and stored.unreference(sequence):
+            del self._batches[stored.batch.first]
+            if len(self._starts) > 2 * len(self._batches) + 1024:
+                self._starts = list(self._batches)
 
     def pending(self, subscription: str, after: int, limit: int, max_bytes: int = 0) -> list[tuple[int, Any]]:
         """A page of the subscription's referenced messages (the stored objects, not copies; they are in
@@ -330,12 +370,24 @@ class MemoryStore:
         references = self._references.get(subscription)
         if references is None:
             return []
-        stored = self._messages
-        return [(sequence, stored[sequence][1]) for sequence in references.after(after, limit)]
+        page = []
+        stored: _StoredBatch | None = None
+        for sequence in references.after(after, limit):
+            if stored is None or not stored.batch.first <= sequence < stored.batch.end:
+                stored = self._find(sequence)
+                if stored is None:
+                    continue
+            page.append((sequence, stored.batch.message(sequence)))
+        return page
 
     def messages(self, topic: str) -> list[tuple[int, Any]]:
         """Every message still stored on ``topic``, in publish order."""
-        return [(sequence, entry[1]) for sequence, entry in self._messages.items() if entry[0] == topic]
+        return [
+            (sequence, stored.batch.message(sequence))
+            for stored in self._batches.values()
+            if stored.batch.topic == topic
+            for sequence in stored.live_sequences()
+        ]
 
     async def register(self, holder: str) -> None:
         """Give ``holder`` an (empty) set of references."""
@@ -357,11 +409,10 @@ class MemoryStore:
     async def reference(self, holder: str, sequences: Iterable[int]) -> None:
         """Reference stored messages from ``holder``."""
         references = self._references.setdefault(holder, _References())
-        stored = self._messages
         for sequence in sequences:
-            entry = stored.get(sequence)
-            if entry is not None and references.insert(sequence):
-                entry[2] += 1
+            stored = self._find(sequence)
+            if stored is not None and references.insert(sequence):
+                stored.counts[sequence - stored.batch.first] += 1
 
     def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
         """The sequences ``holder`` references in ``[low, high)``."""
@@ -419,23 +470,24 @@ class MemoryStore:
                 self._activity[name] = active_ns
 
     def first_sequence_at(self, publish_ns: int) -> int | None:
-        """Binary search over the stored messages, which are in publish order."""
-        entries = list(self._messages.items())
-        low, high = 0, len(entries)
+        """Binary search over the stored batches, which are in publish order (a batch's messages share
+        its publish time)."""
+        batches = list(self._batches.values())
+        low, high = 0, len(batches)
         while low < high:
             middle = (low + high) // 2
-            stamp = entries[middle][1][1].publish_time
-            if stamp.seconds * 1_000_000_000 + stamp.nanos < publish_ns:
+            if batches[middle].batch.publish_ns < publish_ns:
                 low = middle + 1
             else:
                 high = middle
-        return entries[low][0] if low < len(entries) else None
+        return next(batches[low].live_sequences()) if low < len(batches) else None
 
     async def clear(self) -> None:
         """Forget everything (the sequence keeps counting, so IDs stay unique)."""
         for table in self._resources.values():
             table.clear()
-        self._messages.clear()
+        self._batches.clear()
+        self._starts.clear()
         self._references.clear()
         self._leases.clear()
         self._activity.clear()
@@ -445,7 +497,8 @@ class MemoryStore:
 
     def __repr__(self) -> str:
         counts = {kind: len(table) for kind, table in self._resources.items()}
-        return f"MemoryStore({counts}, messages={len(self._messages)})"
+        messages = sum(stored.live for stored in self._batches.values())
+        return f"MemoryStore({counts}, messages={messages})"
 
 
 def _copy(body: Any) -> Any:

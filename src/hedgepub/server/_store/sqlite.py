@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
 from hedgepub.server._store.memory import HOLDING_KINDS, PubsubMessage, ResourceKind, Snapshot, resource_class
 from hedgepub.server._store.sqlite_schema import (
@@ -396,10 +397,9 @@ class SqliteStore:
         row = first_from(low)
         return row[0] if row is not None else None
 
-    async def append(
-        self, topic: str, messages: Sequence[tuple[int, Any]], subscriptions: Sequence[str]
-    ) -> None:
+    async def append(self, batch: Batch, subscriptions: Sequence[str]) -> None:
         """Store messages once and reference them from each subscription; returns after the commit."""
+        topic, messages = batch.topic, batch.records()
         # Each holder once (dict.fromkeys keeps the order), so that the counts below are right.
         ids = list(dict.fromkeys(self._ids[name] for name in subscriptions if name in self._ids))
         if not ids and not self.keep_unsubscribed:
