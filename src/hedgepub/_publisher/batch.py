@@ -82,9 +82,8 @@ def frame_data(payloads: list[bytes]) -> bytes:
     if not payloads:
         return b""
     lengths = set(map(len, payloads))
-    if len(lengths) == 1:  # one head for all: join them with it
-        head = data_head(lengths.pop())
-        return head + head.join(payloads)
+    if len(lengths) == 1:  # one head for all: joined with it, behind an empty first piece (one copy)
+        return data_head(lengths.pop()).join([b"", *payloads])
     heads = DATA_HEADS
     framed = [piece for data in payloads for piece in (heads.get(len(data)) or data_head(len(data)), data)]
     return b"".join(framed)
@@ -210,7 +209,7 @@ class Batch:
         """The serialized ``PublishRequest``; built once the batch is sealed (it is kept from then on)."""
         wire = self._wire
         if wire is None:
-            wire = topic_field(self.topic) + b"".join(self.parts) + frame_data(self.plain)
+            wire = b"".join([topic_field(self.topic), *self.parts, frame_data(self.plain)])
             if self.state is not BatchState.OPEN:
                 self._wire, self.parts, self.plain = wire, [], []
         return wire
