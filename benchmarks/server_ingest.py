@@ -456,14 +456,6 @@ def measure(target: str, args: argparse.Namespace, warm: ServerProcess | None, r
         asyncio.run(delete_topic_and_subscriptions(warm.address, topic, names))
         return Run(target, *dataclasses.astuple(run)[1:])
     kind, rest = KINDS[target]
-    if kind == "floor":
-        server = ServerProcess(kind)
-        server.start()
-        try:
-            run = publish_and_measure(server, TOPIC, SUBSCRIPTION, args, args.messages)
-        finally:
-            server.stop()
-        return Run(target, *dataclasses.astuple(run)[1:])
     source = args.baseline_src if target.startswith("baseline") else None
     with tempfile.TemporaryDirectory(prefix="hedgepub-ingest-") as data_dir:
         server = ServerProcess(kind, Path(data_dir), source, rest=rest)
