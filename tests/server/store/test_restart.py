@@ -183,3 +183,24 @@ def test_a_policy_left_behind_by_a_crash_is_not_inherited_by_a_new_resource_of_i
         assert database.execute("SELECT name FROM policies").fetchall() == []
     finally:
         database.close()
+
+
+def test_ids_of_messages_a_topic_transform_filtered_out_are_not_given_again_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A Publish whose every message the topic's transform drops stores nothing, yet its IDs were
+    answered: after a restart the next message must get another ID."""
+    drop_all = {
+        "javascript_udf": {"function_name": "dropAll", "code": "function dropAll(m, a) { return null; }"}
+    }
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        publisher(channel, "CreateTopic", Topic(name=TOPIC, message_transforms=[drop_all]), Topic)
+        subscriber(channel, "CreateSubscription", Subscription(name=SUBSCRIPTION, topic=TOPIC), Subscription)
+        request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=b"dropped")] * 3)
+        dropped = list(publisher(channel, "Publish", request, PublishResponse).message_ids)
+    with LocalServer(data_dir=tmp_path) as server, grpc.insecure_channel(server.address) as channel:
+        assert pull(channel, SUBSCRIPTION) == []
+        request = PublishRequest(topic=TOPIC, messages=[PubsubMessage(data=b"after")])
+        (after,) = publisher(channel, "Publish", request, PublishResponse).message_ids
+    assert len(set(dropped)) == 3 and after not in dropped
+    assert int(after) > max(map(int, dropped))

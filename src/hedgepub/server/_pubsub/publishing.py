@@ -96,6 +96,9 @@ class Publishing:
         # its IDs come first, so that a stored message's ID is above them.
         filtered_ids = [str(self.next_sequence + offset) for offset in range(len(filtered))]
         self.next_sequence += len(filtered)
+        if not kept:
+            # Nothing stored to carry the numbers past a restart: the store keeps them given out.
+            await self._store.reserve(self.next_sequence - 1)
         kept_ids = iter(await self.append(topic_name, kept) if kept else [])
         from_filtered = iter(filtered_ids)
         dropped = set(filtered)

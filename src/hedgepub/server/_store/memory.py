@@ -114,6 +114,10 @@ class Store(Protocol):
     async def append(self, batch: Batch, subscriptions: Sequence[str]) -> None:
         """Store a published batch once, each of its messages referenced by each subscription."""
 
+    async def reserve(self, last: int) -> None:
+        """Remember that sequences up to ``last`` were given out (as IDs of messages not stored), so that
+        no later message, after a restart too, gets one of them."""
+
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
         """Drop a subscription's references (unknown sequences are ignored); unreferenced messages go."""
 
@@ -336,6 +340,10 @@ class MemoryStore:
         self._starts.append(batch.first)
         for holder in holders:
             self._references.setdefault(holder, _References()).add_range(batch.first, batch.end)
+
+    async def reserve(self, last: int) -> None:
+        """Keep the next sequence above ``last``."""
+        self._next_sequence = max(self._next_sequence, last + 1)
 
     def _find(self, sequence: int) -> _StoredBatch | None:
         """The stored batch holding ``sequence``, if that message is still stored."""

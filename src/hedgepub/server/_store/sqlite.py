@@ -466,11 +466,7 @@ class SqliteStore:
         first, last = batch.first, batch.end - 1
         if not ids and not self.keep_unsubscribed:
             # Nobody will ever read them; only the sequence counter must remember that they had IDs.
-
-            def count(connection: sqlite3.Connection) -> None:
-                keep_counter_above(connection, "SELECT ?", last)
-
-            await self._write(count)
+            await self.reserve(last)
             return
         ids = ids or [KEEP]
         row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids))
@@ -488,6 +484,14 @@ class SqliteStore:
                 connection.execute(NEW_REFERENCES, (first, last, identifier))
 
         await self._write(operation)
+
+    async def reserve(self, last: int) -> None:
+        """Keep the stored next sequence above ``last`` (IDs given to messages that are not stored)."""
+
+        def count(connection: sqlite3.Connection) -> None:
+            keep_counter_above(connection, "SELECT ?", last)
+
+        await self._write(count)
 
     async def ack(self, subscription: str, sequences: Iterable[int]) -> None:
         """Drop acknowledged references, and the messages nothing references any more."""
