@@ -338,8 +338,12 @@ class MemoryStore:
         # An unsubscribed message kept for messages() holds one reference that is never dropped.
         self._batches[batch.first] = _StoredBatch(batch, len(holders) or 1)
         self._starts.append(batch.first)
+        references = self._references
         for holder in holders:
-            self._references.setdefault(holder, _References()).add_range(batch.first, batch.end)
+            held = references.get(holder)
+            if held is None:  # not setdefault: that would build an empty _References on every call
+                held = references[holder] = _References()
+            held.add_range(batch.first, batch.end)
 
     async def reserve(self, last: int) -> None:
         """Keep the next sequence above ``last``."""
