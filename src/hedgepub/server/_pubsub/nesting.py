@@ -10,6 +10,7 @@ INVALID_ARGUMENT and never reaches the parser.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from hedgepub.server._pubsub.limits import ServiceError, invalid
@@ -118,58 +119,56 @@ def _full_name(name: str, namespace: str) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
+def _avro_types(schema: Any) -> Iterator[tuple[Any, str]]:
+    """Every type of a parsed Avro schema in a type's place (unions as lists, and records, enums, fixed,
+    arrays, maps and annotated types as dicts), depth first in order, each with the namespace around it.
+
+    ``schema`` is assumed already checked by :func:`load_json`, so the walk may recurse.
+    """
+
+    def walk(node: Any, namespace: str) -> Iterator[tuple[Any, str]]:
+        if isinstance(node, list):
+            yield node, namespace
+            for branch in node:
+                yield from walk(branch, namespace)
+            return
+        if not isinstance(node, dict):
+            return
+        yield node, namespace
+        kind = node.get("type")
+        if kind in ("record", "error", "enum", "fixed") and isinstance(node.get("name"), str):
+            inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+            inner = _full_name(node["name"], inner).rpartition(".")[0]
+            for item in node.get("fields") or ():
+                if isinstance(item, dict):
+                    yield from walk(item.get("type"), inner)
+        elif kind == "array":
+            yield from walk(node.get("items"), namespace)
+        elif kind == "map":
+            yield from walk(node.get("values"), namespace)
+        else:
+            yield from walk(kind, namespace)
+
+    return walk(schema, "")
+
+
 def avro_has_choices(schema: Any) -> bool:
     """Whether a parsed Avro schema has a union or an enum: a value that is an index into a list, which
     the Avro reader would also take negative (see :func:`check_avro_depth`)."""
-    pending = [schema]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, list):
-            return True
-        if not isinstance(node, dict):
-            continue
-        kind = node.get("type")
-        if kind == "enum":
-            return True
-        if kind in ("record", "error"):
-            pending.extend(item.get("type") for item in node.get("fields") or () if isinstance(item, dict))
-        elif kind == "array":
-            pending.append(node.get("items"))
-        elif kind == "map":
-            pending.append(node.get("values"))
-        else:
-            pending.append(kind)
-    return False
+    return any(isinstance(node, list) or node.get("type") == "enum" for node, _ in _avro_types(schema))
 
 
 def _avro_named_types(schema: Any) -> dict[str, Any]:
     """Every named type (record, enum, fixed) of a parsed schema by its full name (and its short name)."""
     names: dict[str, Any] = {}
-
-    def walk(node: Any, namespace: str) -> None:
-        if isinstance(node, list):
-            for branch in node:
-                walk(branch, namespace)
-            return
-        if not isinstance(node, dict):
-            return
-        kind = node.get("type")
-        if kind in ("record", "error", "enum", "fixed") and isinstance(node.get("name"), str):
-            inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
-            full = _full_name(node["name"], inner)
-            names[full] = node
-            names.setdefault(full.rpartition(".")[2], node)
-            for item in node.get("fields") or ():
-                if isinstance(item, dict):
-                    walk(item.get("type"), full.rpartition(".")[0])
-        elif kind == "array":
-            walk(node.get("items"), namespace)
-        elif kind == "map":
-            walk(node.get("values"), namespace)
-        else:
-            walk(kind, namespace)
-
-    walk(schema, "")
+    for node, namespace in _avro_types(schema):
+        if isinstance(node, dict) and node.get("type") in ("record", "error", "enum", "fixed"):
+            name = node.get("name")
+            if isinstance(name, str):
+                inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+                full = _full_name(name, inner)
+                names[full] = node
+                names.setdefault(full.rpartition(".")[2], node)
     return names
 
 
