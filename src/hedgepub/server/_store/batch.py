@@ -78,10 +78,6 @@ class Batch:
         """The stamped message of ``sequence`` (which must be in the batch)."""
         return self.stamped()[sequence - self.first]
 
-    def records(self) -> list[tuple[int, Any]]:
-        """``(sequence, stamped message)`` of every message, in order."""
-        return list(zip(range(self.first, self.end), self.stamped(), strict=True))
-
     def body(self) -> bytes:
         """The messages as one serialized ``PublishRequest`` (topic left empty unless ``request`` had it):
         what the SQLite store keeps; :meth:`from_body` reads it back."""
