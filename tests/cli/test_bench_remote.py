@@ -115,6 +115,22 @@ def test_an_unreachable_endpoint_exits_3(tmp_path: Path, closed_port: int) -> No
     assert result.exit_code == 3, result.output
 
 
+@pytest.mark.timeout(120)
+def test_a_closed_port_exits_3_before_the_warm_up(tmp_path: Path, closed_port: int) -> None:
+    # No --create-topic: nothing but the publishers would talk to the endpoint, and their retries last the
+    # 600 s total timeout; the bench checks that a server answers there before it warms up.
+    endpoint = f"127.0.0.1:{closed_port}"
+    process = subprocess.run(
+        [*CLI, "bench", "--endpoint", endpoint, "--topic", "bench", "--project", "p", "--yes",
+         "--duration", "2", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=90, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    said = _words(process.stdout + process.stderr)
+    assert process.returncode == 3, said
+    assert f"no Pub/Sub server answers at {endpoint}" in said, said
+    assert "Traceback" not in said and not (tmp_path / "out").exists()
+
+
 def test_google_is_the_default_and_needs_application_default_credentials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -339,13 +339,48 @@ class RemoteTarget:
     topic: str
 
 
+#: How long :func:`run_remote_bench` waits for a connection before saying that no server answers.
+REACHABLE_TIMEOUT = 5.0
+
+
+async def check_reachable(endpoint: str | None, timeout: float) -> None:
+    """Raise ``RpcError(UNAVAILABLE)`` unless a connection to ``endpoint`` is made within ``timeout`` s.
+
+    ``endpoint`` is resolved as the publishers resolve it (``None``: ``PUBSUB_EMULATOR_HOST``, else Google
+    Cloud Pub/Sub); a TLS target is connected over TLS with the system's root certificates, as theirs
+    are, but without credentials: what is checked is that something speaks gRPC there, not who may use it.
+    """
+    import grpc
+
+    from hedgepub import RpcError, StatusCode
+    from hedgepub._transport.grpc import CHANNEL_OPTIONS, resolve_endpoint
+
+    target = resolve_endpoint(endpoint)
+    if target.secure:
+        channel = grpc.aio.secure_channel(
+            target.target, grpc.ssl_channel_credentials(), options=CHANNEL_OPTIONS
+        )
+    else:
+        channel = grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS)
+    try:
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    except asyncio.TimeoutError:
+        raise RpcError(
+            StatusCode.UNAVAILABLE,
+            f"no Pub/Sub server answers at {endpoint or target.target} (no connection within {timeout:g} s)",
+        ) from None
+    finally:
+        await channel.close()
+
+
 async def run_remote_bench(
     config: BenchConfig, target: RemoteTarget, progress: BenchProgress | None = None
 ) -> BenchRun:
     """Run the experiment against a running service (see :class:`RemoteTarget`); nothing is injected.
 
     The publishers connect as any application would (``endpoint``, credentials from the environment).
-    Raises :class:`BenchInterrupted` as :func:`run_bench` does.
+    Raises :class:`BenchInterrupted` as :func:`run_bench` does, and ``RpcError(UNAVAILABLE)`` before
+    anything is published when no connection to the endpoint is made within :data:`REACHABLE_TIMEOUT`.
     """
     if config.scenario == "correlated-stalls":
         raise ValueError("the correlated-stalls scenario needs the bench's own two servers (no --topic)")
@@ -391,6 +426,8 @@ async def _run(
     else:
         assert remote is not None
         endpoint = remote.endpoint
+        # before any publisher: their retries would last the 600 s total timeout against a closed port
+        await check_reachable(endpoint, REACHABLE_TIMEOUT)
         endpoint_names = {}
         topics = dict.fromkeys(names, remote.topic)
     clients = {
