@@ -26,7 +26,7 @@ from hedgepub.server._api.request_log import call_peer
 from hedgepub.server._iam import iam as _iam
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.hedge_dedup import BATCH_ID_METADATA, HedgeBatchWindow
-from hedgepub.server._pubsub.limits import check_ack_deadline, invalid
+from hedgepub.server._pubsub.limits import ServiceError, check_ack_deadline, invalid
 from hedgepub.server._pubsub.resources import page
 
 logger = logging.getLogger("hedgepub.server")
@@ -152,8 +152,14 @@ class PubSubServicer:
         return await self.core.create_subscription(request)
 
     def _check_dead_letter_topic(self, subscription: str, policy: Any) -> None:
-        """While enforcing: the service must be allowed to publish to the dead-letter topic it would use."""
+        """While enforcing: the service must be allowed to publish to the dead-letter topic it would use.
+
+        A topic that is malformed or does not exist is the core's to answer (INVALID_ARGUMENT, NOT_FOUND)."""
         if isinstance(self.authorizer, _iam.IamEnforcer) and policy.dead_letter_topic:
+            try:
+                self.core.get_topic(policy.dead_letter_topic)
+            except ServiceError:
+                return
             self.authorizer.check_dead_letter_topic(subscription, policy.dead_letter_topic)
 
     async def GetSubscription(self, request: Any, context: Any) -> Any:
@@ -367,8 +373,8 @@ class PubSubServicer:
         return self.core.get_policy(request.resource)
 
     async def SetIamPolicy(self, request: Any, context: Any) -> Any:
-        if isinstance(self.authorizer, _iam.IamEnforcer):  # off, policies are only stored: any role goes
-            self.authorizer.check_policy(request.policy)
+        self.core.check_iam_resource(request.resource)  # NOT_FOUND first, as for GetIamPolicy
+        _iam.check_policy(request.policy)  # enforcing or not, as the real service checks
         return await self.core.set_policy(request.resource, request.policy)
 
     async def TestIamPermissions(self, request: Any, context: Any) -> Any:

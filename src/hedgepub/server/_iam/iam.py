@@ -161,6 +161,8 @@ INVALID_CREDENTIALS_MESSAGE = (
 
 #: The real service's INVALID_ARGUMENT message for a SetIamPolicy binding with a role it does not know.
 UNSUPPORTED_ROLE_MESSAGE = "Role {role} is not supported for this resource."
+#: The real service's INVALID_ARGUMENT message for a SetIamPolicy member not of IAM's forms.
+INVALID_MEMBER_MESSAGE = 'Policy members must be of the form "<type>:<value>".'
 
 _MEMBER_PREFIXES = ("user:", "serviceAccount:", "group:", "domain:")
 _PUBLIC_MEMBERS = frozenset({"allUsers", "allAuthenticatedUsers"})
@@ -482,6 +484,35 @@ def _bindings(policy: Any) -> Iterable[tuple[str, Iterable[str]]]:
         yield binding.role, binding.members
 
 
+def check_policy(policy: Any) -> None:
+    """SetIamPolicy, enforcing or not: refuse a binding whose role is not known here
+    (:data:`UNSUPPORTED_ROLE_MESSAGE`) or a member not of IAM's ``<type>:<value>`` form
+    (:data:`INVALID_MEMBER_MESSAGE`), with INVALID_ARGUMENT, as the real service does."""
+    for binding in policy.bindings:
+        if binding.role not in ROLE_PERMISSIONS:
+            raise invalid(UNSUPPORTED_ROLE_MESSAGE.format(role=binding.role))
+        for member in binding.members:
+            if not valid_member(member):
+                raise invalid(f"{INVALID_MEMBER_MESSAGE} (member={member})")
+
+
+def valid_member(member: str) -> bool:
+    """Whether ``member`` has one of IAM's forms: ``allUsers``, ``allAuthenticatedUsers``, or a kind this
+    server knows (``user:``, ``serviceAccount:``, ``group:`` with an e-mail address; ``domain:`` with a
+    domain; ``deleted:`` with one of those) followed by a value."""
+    if member in _PUBLIC_MEMBERS:
+        return True
+    if member.startswith("deleted:"):
+        member = member[len("deleted:") :].partition("?uid=")[0]
+    kind, colon, value = member.partition(":")
+    if not colon or not value or any(c.isspace() for c in value) or f"{kind}:" not in _MEMBER_PREFIXES:
+        return False
+    if kind == "domain":
+        return "@" not in value and "." in value.strip(".")
+    local, at, domain = value.partition("@")
+    return bool(local) and bool(at) and "." in domain.strip(".") and "@" not in domain
+
+
 class IamEnforcer:
     """The enforcing :class:`Authorizer`: the config's tokens and project policy, plus resource policies.
 
@@ -540,13 +571,6 @@ class IamEnforcer:
                     ):
                         held |= role_permissions
         return held
-
-    @staticmethod
-    def check_policy(policy: Any) -> None:
-        """SetIamPolicy: refuse a binding whose role is not known here, with INVALID_ARGUMENT."""
-        for binding in policy.bindings:
-            if binding.role not in ROLE_PERMISSIONS:
-                raise invalid(UNSUPPORTED_ROLE_MESSAGE.format(role=binding.role))
 
     def authenticate(self, metadata: Metadata) -> tuple[str, ...]:
         """Who the caller is (UNAUTHENTICATED if unknown); the services call it before looking anything up."""

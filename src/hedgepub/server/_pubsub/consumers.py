@@ -21,7 +21,13 @@ from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
 from hedgepub.server._pubsub.delivery import SubscriptionState, dead_letter_copy
 from hedgepub.server._pubsub.expiration import ExpirationWatch
-from hedgepub.server._pubsub.leases import MAX_MESSAGES_PER_RESPONSE, Consumer, Leasing, Pending
+from hedgepub.server._pubsub.leases import (
+    MAX_MESSAGES_PER_RESPONSE,
+    Consumer,
+    Leasing,
+    Pending,
+    well_formed_ack_id,
+)
 from hedgepub.server._pubsub.limits import ServiceError, invalid
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._store.memory import Store
@@ -378,23 +384,34 @@ class Consumers:
         leases = state.leases
         return {ack_id: leases[ack_id].pending.sequence for ack_id in ack_ids if ack_id in leases}
 
-    @staticmethod
-    def _check_ack_ids(state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, str]:
+    def _check_ack_ids(self, state: SubscriptionState, ack_ids: Sequence[str]) -> dict[str, str]:
         """Refuse an empty list; return the ack IDs that fail under exactly-once delivery (none without it).
 
-        Without exactly-once a malformed ack ID fails the whole request; with it, it is one more failed
-        ack ID, as is one that is unknown, expired or superseded by a later delivery of its message.
+        Without exactly-once a malformed ack ID fails the whole request, and so does one made for another
+        subscription (the real service's INVALID_ARGUMENT "You have passed a subscription that does not
+        belong to the given ack ID"); with it, each is one more failed ack ID, as is one that is unknown,
+        expired or superseded by a later delivery of its message.
         """
         if not ack_ids:
             raise invalid("No ack IDs were given; at least one ack ID is required.")
         exactly_once = state.config.enable_exactly_once_delivery
         failures: dict[str, str] = {}
+        leases = state.leases
+        holder_of = self.leasing.holder_of
         for ack_id in ack_ids:
-            prefix, _, number = ack_id.partition("-")
-            if len(prefix) != 8 or not number.isdigit():
+            if ack_id in leases:
+                continue
+            if not well_formed_ack_id(ack_id):
                 if not exactly_once:
                     raise invalid(f"You have passed an invalid ack ID to the service (ack_id={ack_id}).")
                 failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
-            elif exactly_once and ack_id not in state.leases:
+                continue
+            holder = holder_of(ack_id)
+            if holder is not None and holder != state.serial and not exactly_once:
+                raise invalid(
+                    "You have passed a subscription that does not belong to the given ack ID "
+                    f"(resource={state.name})."
+                )
+            if exactly_once:
                 failures[ack_id] = limits.PERMANENT_FAILURE_INVALID_ACK_ID
         return failures

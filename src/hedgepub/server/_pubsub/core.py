@@ -370,6 +370,7 @@ class PubSubCore:
         config = resources.copy_with(request, detached=False, state=0)
         config.ClearField("topic_message_retention_duration")  # output only: shown from the topic
         resources.check_subscription_fields(config, buckets=self.exports.buckets_dir is not None)
+        self._check_dead_letter_topic(config)
         await self._store.put("subscriptions", name, config)
         if name in self._subscriptions:
             raise limits.already_exists(name)
@@ -383,6 +384,15 @@ class PubSubCore:
         await self.replay.subscription_changed(config)
         self._sync_delivery(name)
         return self._shown(config)
+
+    def _check_dead_letter_topic(self, config: Any) -> None:
+        """A dead-letter topic must exist when it is set: ``DeadLetterPolicy.dead_letter_topic``'s reference
+        says "The operation will fail if the topic does not exist" (NOT_FOUND, naming it). Checked on create
+        and on an update whose mask names the policy; a topic deleted later only stops forwarding."""
+        if config.HasField("dead_letter_policy"):
+            topic = config.dead_letter_policy.dead_letter_topic
+            if topic and topic not in self._topics:
+                raise not_found(topic)
 
     def get_subscription(self, name: str) -> Any:
         """GetSubscription."""
@@ -407,6 +417,8 @@ class PubSubCore:
         resources.check_subscription_fields(
             config, state.config, buckets=self.exports.buckets_dir is not None
         )
+        if any(path.split(".", 1)[0] == "dead_letter_policy" for path in paths):
+            self._check_dead_letter_topic(config)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl

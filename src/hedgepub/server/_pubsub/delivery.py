@@ -97,6 +97,9 @@ class SubscriptionState:
         #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
         self.matches = compile_filter(config.filter)
         self._leasing = leasing
+        #: Put in the subscription's ack IDs: an ack ID of another subscription (or of an earlier one of
+        #: the same name) is told apart from an unknown or expired one of this one.
+        self.serial = leasing.new_serial()
         self._pages = pages
         self._attempts = attempts
         self.window = window
@@ -333,7 +336,7 @@ class SubscriptionState:
                     self.finished(pending)
                     continue
                 size = message.ByteSize()
-            ack_id = leasing.new_ack_id()
+            ack_id = leasing.new_ack_id(self.serial)
             size += len(ack_id) + _FRAMING_BYTES
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break

@@ -26,6 +26,7 @@ __all__ = [
     "Leasing",
     "Pending",
     "retry_delay",
+    "well_formed_ack_id",
 ]
 
 #: Largest batch handed out at once (one Pull response or one StreamingPull response).
@@ -107,6 +108,15 @@ class Lease(Generic[H]):
         self.entry = -1  # serial of its current entry in the deadline heap; older entries are stale
 
 
+def well_formed_ack_id(ack_id: str) -> bool:
+    """Whether ``ack_id`` has the form of the ack IDs :meth:`Leasing.new_ack_id` makes, of this process or
+    another: eight characters, then two numbers each after a ``-`` (or one: the form of earlier
+    versions, which named no subscription)."""
+    prefix, _, rest = ack_id.partition("-")
+    numbers = rest.split("-")
+    return len(prefix) == 8 and len(numbers) <= 2 and all(number.isdigit() for number in numbers)
+
+
 #: Back-off doubles per attempt; past this exponent it is at the maximum for any policy the service takes
 #: (600 s over a minimum of 1 ns needs 2**40), and the float stays finite.
 _MAX_BACKOFF_DOUBLINGS = 64
@@ -156,9 +166,11 @@ class Leasing(Generic[H]):
         self.dead_letter = dead_letter
         self.discard = discard
         self.attempted = attempted
-        # A per-process prefix keeps ack IDs handed out before a restart from matching new leases.
+        # A per-process prefix keeps ack IDs handed out before a restart from matching new leases; the
+        # holder's serial in the middle tells the ack IDs of one subscription from another's.
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
+        self._serials = itertools.count(1)
         self._deadlines: list[tuple[float, int, Lease[H]]] = []
         self._heap_counter = itertools.count()
         self._timer: TimerHandle | None = None
@@ -166,9 +178,23 @@ class Leasing(Generic[H]):
         #: Leases not yet ended, across subscriptions; the heap is compacted when most entries are stale.
         self.live = 0
 
-    def new_ack_id(self) -> str:
-        """A fresh ack ID, unique in this process and unlike any of an earlier process."""
-        return f"{self._ack_prefix}-{next(self._ack_counter)}"
+    def new_serial(self) -> int:
+        """A number for a new holder (a subscription, each time one is created), put in its ack IDs."""
+        return next(self._serials)
+
+    def new_ack_id(self, serial: int) -> str:
+        """A fresh ack ID of the holder numbered ``serial``: ``<prefix>-<serial>-<n>``, unique in this
+        process and unlike any of an earlier process."""
+        return f"{self._ack_prefix}-{serial}-{next(self._ack_counter)}"
+
+    def holder_of(self, ack_id: str) -> int | None:
+        """The serial of the holder an ack ID of this process was made for; ``None`` for one of another
+        process, and for one that is malformed (see :func:`well_formed_ack_id`)."""
+        prefix, _, rest = ack_id.partition("-")
+        serial, _, number = rest.partition("-")
+        if prefix != self._ack_prefix or not serial.isdigit() or not number.isdigit():
+            return None
+        return int(serial)
 
     def watch(self, lease: Lease[H]) -> None:
         """Expire ``lease`` at its current deadline unless it ends or changes before."""

@@ -318,9 +318,10 @@ def check_ingestion_settings(topic: Any) -> None:
 
 
 def check_attribute_key(key: str) -> None:
-    """Keys starting ``goog`` are the service's own, except ``googclient_``: the official clients add
-    those themselves (``googclient_traceparent`` when tracing is on), and the service keeps them."""
-    if key.startswith("goog") and not key.startswith("googclient_"):
+    """Keys starting ``goog``, in any case (``GOOG``, ``Goog``), are the service's own, except
+    ``googclient_``: the official clients add those themselves (``googclient_traceparent`` when tracing
+    is on), and the service keeps them."""
+    if key[:4].lower() == "goog" and not key.startswith("googclient_"):
         raise invalid(f"Attribute keys must not start with 'goog' (key={key}).")
 
 

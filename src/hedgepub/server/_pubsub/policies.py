@@ -21,6 +21,10 @@ __all__ = ["IamPolicies"]
 
 Policy: Any = policy_pb2.Policy
 
+#: The etag of a resource's policy before any SetIamPolicy: Google's services answer ``etag: ACAB``
+#: (base64 of these three bytes), with version 0 and no bindings.
+EMPTY_POLICY_ETAG = b"\x00\x20\x01"
+
 
 class IamPolicies:
     """Resource name -> the policy set on it (none: the resource inherits its project's alone)."""
@@ -50,10 +54,11 @@ class IamPolicies:
         return self._policies.get(resource)
 
     def get(self, resource: str) -> Any:
-        """GetIamPolicy of an existing resource: the stored policy, or an empty one."""
+        """GetIamPolicy of an existing resource: the stored policy, or the empty one the real service
+        answers (:data:`EMPTY_POLICY_ETAG`, version 0, no bindings)."""
         policy = self._policies.get(resource)
         if policy is None:
-            policy = Policy(version=1, etag=b"\x00\x00\x00\x00\x00\x00\x00\x00")
+            policy = Policy(etag=EMPTY_POLICY_ETAG)
         return policy
 
     async def set(self, resource: str, policy: Any) -> Any:
