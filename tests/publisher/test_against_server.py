@@ -167,7 +167,9 @@ def test_retries_and_hedges_carry_the_batch_metadata_on_the_wire() -> None:
     topic = "projects/test-project/topics/metadata"
     with LocalServer(in_memory=True, faults=recorder) as server, AdminClient(server.address) as admin:
         admin.create_topic(topic)
-        with PublisherClient(hedging, retry_settings=retry, endpoint=server.address) as publisher:
+        with PublisherClient(
+            hedging_settings=hedging, retry_settings=retry, endpoint=server.address
+        ) as publisher:
             fill_bucket(publisher, topic, 5)
             recorder.publish_metadata.clear()
             recorder.set("Publish", FaultRule(errors={StatusCode.UNAVAILABLE: 1.0}))

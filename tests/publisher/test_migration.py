@@ -8,6 +8,7 @@ only difference is the class, plus ``hedging_settings=`` for hedgepub.
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 import threading
 from pathlib import Path
@@ -31,30 +32,35 @@ CLIENTS = {
 
 
 def publish_with_official_arguments(
-    client_class: Any, address: str, topic: str, **extra: Any
+    client_class: Any, address: str, topic: str, *, positional: bool = False, **extra: Any
 ) -> dict[str, Any]:
-    """Code as written for the official client; ``extra`` is the one line a move to hedgepub adds."""
-    publisher = client_class(
-        batch_settings=pubsub_v1.types.BatchSettings(max_messages=10, max_bytes=100_000, max_latency=0.05),
-        publisher_options=pubsub_v1.types.PublisherOptions(
-            flow_control=pubsub_v1.types.PublishFlowControl(
-                message_limit=50,
-                limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.BLOCK,
-            ),
-            retry=api_retry.Retry(
-                initial=0.1,
-                maximum=2.0,
-                multiplier=2.0,
-                timeout=30.0,
-                predicate=api_retry.if_exception_type(
-                    api_exceptions.ServiceUnavailable, api_exceptions.DeadlineExceeded
-                ),
-            ),
-            timeout=api_timeout.ConstantTimeout(10.0),
+    """Code as written for the official client; ``extra`` is the one line a move to hedgepub adds.
+
+    With ``positional``, ``batch_settings`` and ``publisher_options`` are passed by position, as the
+    official client's signature allows."""
+    batch = pubsub_v1.types.BatchSettings(max_messages=10, max_bytes=100_000, max_latency=0.05)
+    options = pubsub_v1.types.PublisherOptions(
+        flow_control=pubsub_v1.types.PublishFlowControl(
+            message_limit=50,
+            limit_exceeded_behavior=pubsub_v1.types.LimitExceededBehavior.BLOCK,
         ),
-        client_options={"api_endpoint": address},
-        **extra,
+        retry=api_retry.Retry(
+            initial=0.1,
+            maximum=2.0,
+            multiplier=2.0,
+            timeout=30.0,
+            predicate=api_retry.if_exception_type(
+                api_exceptions.ServiceUnavailable, api_exceptions.DeadlineExceeded
+            ),
+        ),
+        timeout=api_timeout.ConstantTimeout(10.0),
     )
+    if positional:
+        publisher = client_class(batch, options, client_options={"api_endpoint": address}, **extra)
+    else:
+        publisher = client_class(
+            batch_settings=batch, publisher_options=options, client_options={"api_endpoint": address}, **extra
+        )
     callbacks: list[str] = []
     callback_done = threading.Event()
 
@@ -81,9 +87,10 @@ def publish_with_official_arguments(
     return {"ids": message_ids, "callbacks": sorted(callbacks), "error": error, "raised": raised.value}
 
 
+@pytest.mark.parametrize("positional", [False, True], ids=["by-name", "by-position"])
 @pytest.mark.parametrize("name", sorted(CLIENTS))
 def test_the_same_publishing_code_runs_against_both_clients(
-    name: str, server: LocalServer, topic: str, monkeypatch: pytest.MonkeyPatch
+    name: str, positional: bool, server: LocalServer, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Through client_options only, as code aimed at a real regional endpoint would do it.
     monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
@@ -92,7 +99,9 @@ def test_the_same_publishing_code_runs_against_both_clients(
         # The official client speaks TLS to any api_endpoint; a plain-text local server needs its emulator
         # switch, which also makes it ignore client_options (hedgepub does the same, see below).
         monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
-    outcome = publish_with_official_arguments(client_class, server.address, topic, **extra)
+    outcome = publish_with_official_arguments(
+        client_class, server.address, topic, positional=positional, **extra
+    )
 
     # Batches in flight side by side may be stored in any order (no ordering key): compare by content.
     stored = {message.data: message for message in server.messages(topic)}
@@ -107,6 +116,40 @@ def test_the_same_publishing_code_runs_against_both_clients(
     else:
         assert isinstance(outcome["error"], hedgepub.RpcError)
         assert outcome["error"].code is StatusCode.NOT_FOUND
+
+
+def positional_parameters(function: Any) -> list[str]:
+    """The names ``function`` takes by position, after ``self``."""
+    parameters = inspect.signature(function).parameters.values()
+    return [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD][1:]
+
+
+@pytest.mark.parametrize("client_class", [hedgepub.PublisherClient, hedgepub.AsyncPublisherClient])
+def test_the_positional_order_is_the_official_clients(client_class: Any) -> None:
+    # Read from the installed google-cloud-pubsub: (batch_settings, publisher_options), the rest by name.
+    official = positional_parameters(pubsub_v1.PublisherClient.__init__)
+    assert official == ["batch_settings", "publisher_options"]
+    assert positional_parameters(client_class.__init__) == official
+
+
+def test_batch_settings_by_position_beside_hedging_by_name(server: LocalServer, topic: str) -> None:
+    batch = pubsub_v1.types.BatchSettings(max_messages=3)
+    with hedgepub.PublisherClient(batch, hedging_settings=HedgingSettings(hedge_delay=0.5)) as publisher:
+        assert publisher._core.batch_settings.max_messages == 3 and publisher._core.hedging is not None
+        assert publisher.publish(topic, b"x").result(timeout=30)
+
+
+def test_hedgepub_0_1_positional_hedging_settings_still_work(server: LocalServer) -> None:
+    # hedgepub 0.1.0 took (hedging_settings, batch_settings) first: told apart by their types.
+    hedging = HedgingSettings(hedge_delay=0.5)
+    with hedgepub.PublisherClient(hedging) as publisher:
+        assert publisher._core.hedging == hedging
+    with hedgepub.PublisherClient(hedging, hedgepub.BatchSettings(max_messages=7)) as publisher:
+        assert (publisher._core.hedging, publisher._core.batch_settings.max_messages) == (hedging, 7)
+    with pytest.raises(TypeError, match="given twice"):
+        hedgepub.PublisherClient(hedging, hedging_settings=hedging)
+    with pytest.raises(TypeError, match="pass hedgepub's own settings by name"):
+        hedgepub.PublisherClient(hedgepub.BatchSettings(), hedgepub.RetrySettings())
 
 
 def test_ordering_keys_through_publisher_options(server: LocalServer, topic: str) -> None:

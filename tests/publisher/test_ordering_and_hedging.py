@@ -52,9 +52,9 @@ def test_keyed_batches_keep_their_order_and_unkeyed_ones_are_hedged() -> None:
     with LocalServer(in_memory=True, faults=recorder) as server, AdminClient(server.address) as admin:
         admin.create_topic(topic)
         with PublisherClient(
-            hedging,
             BatchSettings(max_messages=1),
-            retry,
+            hedging_settings=hedging,
+            retry_settings=retry,
             enable_message_ordering=True,
             endpoint=server.address,
         ) as publisher:

@@ -24,7 +24,7 @@ from hedgepub._exceptions import PublishError
 from hedgepub._publisher.builder import build_core
 from hedgepub._publisher.closing import ClientState
 from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
-from hedgepub._publisher.migration import is_official_batch_settings, refuse_official_keywords, translate
+from hedgepub._publisher.migration import refuse_official_keywords, translate
 from hedgepub._publisher.stats import PublisherStats
 from hedgepub._settings import BatchSettings, FlowControlSettings, HedgingSettings, RetrySettings
 from hedgepub._transport.grpc import Transport
@@ -90,17 +90,17 @@ class _ClientFacade:
 
     def __init__(
         self,
+        batch_settings: BatchSettings | Any = _DEFAULT_BATCH,
+        publisher_options: Any = None,
+        *,
         hedging_settings: HedgingSettings | None = None,
-        batch_settings: BatchSettings = _DEFAULT_BATCH,
         retry_settings: RetrySettings = _DEFAULT_RETRY,
         flow_control: FlowControlSettings = _DEFAULT_FLOW,
         enable_message_ordering: bool = False,
         endpoint: str | None = None,
         credentials: Any = None,
-        *,
         hedge_endpoints: Sequence[str] | None = None,
         idempotency_attribute: bool | str = False,
-        publisher_options: Any = None,
         client_options: Any = None,
         root_certificates: bytes | None = None,
         enable_open_telemetry: bool = False,
@@ -111,6 +111,14 @@ class _ClientFacade:
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
+        # The positional order is the official client's: (batch_settings, publisher_options), the rest by
+        # name. hedgepub 0.1.0 took (hedging_settings, batch_settings) first; those are told by their type.
+        if isinstance(batch_settings, HedgingSettings):
+            if hedging_settings is not None:
+                raise TypeError("hedging_settings given twice (by position and by name): pass it once")
+            hedging_settings, batch_settings = batch_settings, _DEFAULT_BATCH
+            if isinstance(publisher_options, BatchSettings):
+                batch_settings, publisher_options = publisher_options, None
         arguments = {
             "hedging_settings": hedging_settings,
             "batch_settings": batch_settings,
@@ -133,7 +141,6 @@ class _ClientFacade:
         if (
             publisher_options is not None
             or client_options is not None
-            or is_official_batch_settings(hedging_settings)
             or type(batch_settings) is not BatchSettings
         ):
             arguments = translate(
@@ -286,9 +293,12 @@ class PublisherClient(_ClientFacade):
     publish prevents (``PublisherClient().publish(topic, b"x").result()`` returns the ID). ``os._exit``
     and fatal signals skip that.
 
+    Only ``batch_settings`` and ``publisher_options`` may be passed by position, in that order, as in the
+    official client; every other argument is passed by name.
+
     Args:
-        hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.
         batch_settings: when a batch is sent (count, bytes, latency).
+        hedging_settings: hedge slow batches per these settings; ``None`` (default) turns hedging off.
         retry_settings: retry codes, back-off, per-attempt and total timeouts.
         flow_control: limits on outstanding messages and what to do at the limit.
         enable_message_ordering: deliver messages with the same ordering key in order; with hedging on,

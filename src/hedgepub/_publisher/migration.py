@@ -260,23 +260,11 @@ def translate(
 ) -> dict[str, Any]:
     """hedgepub's constructor ``arguments`` with the official ones folded in.
 
-    ``arguments`` holds hedgepub's own keyword arguments as given (their defaults where not given). An
-    official ``BatchSettings`` passed first (the official client's first positional parameter) or a
-    ``PublisherOptions`` passed second is recognised too. A setting given both ways is refused.
+    ``arguments`` holds hedgepub's own keyword arguments as given (their defaults where not given), with
+    ``batch_settings`` possibly the official ``BatchSettings``. A setting given both ways is refused.
     """
     arguments = dict(arguments)
     defaults = dict(arguments.pop("_defaults"))
-    if is_official_batch_settings(arguments["hedging_settings"]):
-        # PublisherClient(types.BatchSettings(...)): the official client's first positional parameter.
-        if arguments["batch_settings"] is not defaults["batch_settings"]:
-            if not is_official_publisher_options(arguments["batch_settings"]):
-                raise TypeError("two batch settings given: pass one")
-            publisher_options_value = _only_one_options(publisher_options_value, arguments["batch_settings"])
-        arguments["batch_settings"] = arguments["hedging_settings"]
-        arguments["hedging_settings"] = defaults["hedging_settings"]
-    elif is_official_publisher_options(arguments["batch_settings"]):
-        publisher_options_value = _only_one_options(publisher_options_value, arguments["batch_settings"])
-        arguments["batch_settings"] = defaults["batch_settings"]
     official_batch = arguments["batch_settings"]
     if is_official_batch_settings(official_batch) or (
         isinstance(official_batch, tuple) and not official_batch
@@ -286,8 +274,9 @@ def translate(
     if publisher_options_value is not None:
         if not (is_official_publisher_options(publisher_options_value) or publisher_options_value == ()):
             raise TypeError(
-                "publisher_options must be a google.cloud.pubsub_v1.types.PublisherOptions; got "
-                f"{type(publisher_options_value).__name__}"
+                "publisher_options (the second positional argument, as in the official client) must be a "
+                "google.cloud.pubsub_v1.types.PublisherOptions; got "
+                f"{type(publisher_options_value).__name__}: pass hedgepub's own settings by name"
             )
         translated.update(publisher_options(publisher_options_value))
     if client_options_value is not None:
@@ -298,9 +287,3 @@ def translate(
             raise ValueError(f"{name} given both directly and through {source}: give it once")
         arguments[name] = value
     return arguments
-
-
-def _only_one_options(given: Any, positional: Any) -> Any:
-    if given is not None:
-        raise TypeError("publisher_options given twice (by position and by name): pass it once")
-    return positional
