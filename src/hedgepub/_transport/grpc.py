@@ -324,10 +324,10 @@ def create_channel(
         interceptors = (
             [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
         )
-        # grpc-stubs types aio's client interceptors as a placeholder class "to cast to or ignore".
         return grpc.aio.insecure_channel(
             target.target,
             options=CHANNEL_OPTIONS,
+            # grpc-stubs types aio's client interceptors as a placeholder class "to cast to or ignore".
             interceptors=interceptors,  # type: ignore[arg-type]
         )
     import google.auth
