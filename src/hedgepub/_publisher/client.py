@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
@@ -85,6 +85,8 @@ class _ClientFacade:
 
     #: Whether the core hands out ``concurrent.futures`` (sync client) or asyncio futures.
     _sync_futures: ClassVar[bool]
+    # Each client's own publish method; _bind_publish may replace it on an instance.
+    publish: Callable[..., Any]
 
     def __init__(
         self,
@@ -164,12 +166,12 @@ class _ClientFacade:
             self._publish_function = self._core.sync_publish()
         if telemetry is None:
             if self._sync_futures:
-                self.publish = self._publish_function  # type: ignore[method-assign]
+                self.publish = self._publish_function
         else:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
             # plain method, with not even a check for telemetry on its hot path.
-            plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
-            self.publish = (  # type: ignore[method-assign]
+            plain = type(self).publish.__get__(self)
+            self.publish = (
                 telemetry.traced_sync_publish(plain)
                 if self._sync_futures
                 else telemetry.traced_async_publish(plain)
@@ -245,7 +247,7 @@ class AsyncPublisherClient(_ClientFacade):
             future = core.add_admitted(topic, data, ordering_key, message, size, framed)
         else:
             future = core.add(topic, data, ordering_key, message, size, framed)
-        return await future  # type: ignore[no-any-return]
+        return await future
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch and wait for every message.
@@ -266,6 +268,12 @@ class AsyncPublisherClient(_ClientFacade):
         await self.shutdown()
 
 
+class _Keepalive:
+    """The token a :class:`PublisherClient`'s finalizer watches (see ``PublisherClient._start``)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PublisherClient(_ClientFacade):
     """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
 
@@ -274,7 +282,8 @@ class PublisherClient(_ClientFacade):
     it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
     is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
     :data:`IMPLICIT_SHUTDOWN_TIMEOUT`), or at most 5 s while its endpoint cannot be reached: when the
-    interpreter exits normally, or in the background once the client is garbage-collected. ``os._exit``
+    interpreter exits normally, or in the background once the client is garbage-collected, which a pending
+    publish prevents (``PublisherClient().publish(topic, b"x").result()`` returns the ID). ``os._exit``
     and fatal signals skip that.
 
     Args:
@@ -282,7 +291,8 @@ class PublisherClient(_ClientFacade):
         batch_settings: when a batch is sent (count, bytes, latency).
         retry_settings: retry codes, back-off, per-attempt and total timeouts.
         flow_control: limits on outstanding messages and what to do at the limit.
-        enable_message_ordering: deliver messages with the same ordering key in order (no hedging).
+        enable_message_ordering: deliver messages with the same ordering key in order; with hedging on,
+            batches with an ordering key are never hedged (unkeyed ones are).
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport.grpc` for TLS or plain text.
             Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
@@ -316,9 +326,18 @@ class PublisherClient(_ClientFacade):
     def _start(self) -> None:
         retry = self._core.retry
         self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # What the finalizer watches instead of the client itself: held by the client, by its publish
+        # function (so that `PublisherClient().publish(...)` keeps it for the call) and by every pending
+        # batch (core._new_batch), so that a client nobody references is shut down only once none of its
+        # publishes is pending. Neither the runner nor the core holds it (the core only weakly), and the
+        # publish function is in the client's own dict, so a dropped client with nothing pending is still
+        # finalized at once, without waiting for the cycle collector.
+        keepalive = self._keepalive = _Keepalive()
+        self._core.keepalive = weakref.ref(keepalive)
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
-        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer = weakref.finalize(keepalive, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
         _SYNC_CLIENTS.add(self)
 
@@ -334,10 +353,7 @@ class PublisherClient(_ClientFacade):
         self._finalizer.detach()
         self._runner.abandon()
         core = self._core
-        error = PublishError(
-            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
-            "future, in the child, cannot learn the outcome"
-        )
+        error = _inherited_error()
         reusable = core.state is ClientState.OPEN and not core.routes.connected
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
@@ -358,7 +374,7 @@ class PublisherClient(_ClientFacade):
         """
         # An untraced client calls the core's function directly (see _bind_publish): this method runs for
         # a traced one, or when called through the class.
-        return self._publish_function(topic, data, ordering_key, **attributes)  # type: ignore[no-any-return]
+        return self._publish_function(topic, data, ordering_key, **attributes)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.
@@ -397,14 +413,34 @@ FORK_REFUSAL = (
 )
 
 
+def _inherited_error() -> PublishError:
+    """What a future inherited from the parent fails with in a forked child."""
+    return PublishError(
+        f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+        "future, in the child, cannot learn the outcome"
+    )
+
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
-    forget_open_runners()
-    for client in list(_SYNC_CLIENTS):
+    runners = forget_open_runners()
+    clients = list(_SYNC_CLIENTS)
+    owned = {id(client._runner) for client in clients}
+    for client in clients:
         try:
             client._after_fork_in_child()
         except Exception:  # one client's trouble must not break the others, nor the fork
             _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+    for runner in runners:
+        if id(runner) in owned:
+            continue
+        # A client dropped while publishes were pending (they keep its core running): no client is left
+        # to abandon them, so fail the inherited futures here.
+        try:
+            runner.abandon()
+            runner.core.abandon_after_fork(_inherited_error(), FORK_REFUSAL)
+        except Exception:
+            _LOGGER.exception("hedgepub: making a dropped publisher safe after os.fork() failed")
 
 
 if hasattr(os, "register_at_fork"):

@@ -37,6 +37,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +145,10 @@ class _PublisherCore(CoreClosing):
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
         self.refusal = "publish() called after shutdown()"
+        #: A weak reference to what keeps the sync client alive (see ``PublisherClient._start``): every
+        #: batch holds it until it resolves, so that a client nobody references is not shut down while one
+        #: of its publishes is pending. ``None`` for the async client.
+        self.keepalive: Callable[[], object | None] | None = None
 
     # ---- binding -------------------------------------------------------------------------------------
 
@@ -238,7 +243,7 @@ class _PublisherCore(CoreClosing):
                 else:
                     batch.plain.append(data)
                     batch.byte_size += framed
-                    future = BatchFuture(batch.condition)
+                    future = BatchFuture(batch.condition)  # type: ignore[arg-type]  # a sync client's batch has one
                     futures = batch.futures
                     futures.append(future)
                     if len(futures) < max_messages and batch.byte_size < max_bytes:
@@ -292,9 +297,9 @@ class _PublisherCore(CoreClosing):
         batch.byte_size += framed
         batch.flow_bytes += size
         if self.sync_futures:
-            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
+            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]  # sync_futures: it has one
         else:
-            future = self._loop.create_future()  # type: ignore[union-attr]
+            future = self._loop.create_future()  # type: ignore[union-attr]  # bound before any publish
         batch.futures.append(future)
         return future
 
@@ -363,7 +368,11 @@ class _PublisherCore(CoreClosing):
     def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
         """An empty open batch, to be kept under ``key`` in ``_open``."""
         batch_id = f"{self._id_prefix}-{next(self._batch_numbers)}"
-        return Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key, now=self.clock.now)
+        batch = Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key, now=self.clock.now)
+        if self.keepalive is not None:
+            # Alive here: the publishing thread's publish function holds it.
+            batch.keepalive = self.keepalive()
+        return batch
 
     def add_admitted(
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
@@ -377,6 +386,7 @@ class _PublisherCore(CoreClosing):
 
     def _paused_future(self, ordering_key: str) -> Any:
         error = OrderingKeyPausedError(ordering_key)
+        # The loop is bound before any publish.
         future: Any = concurrent.futures.Future() if self.sync_futures else self._loop.create_future()  # type: ignore[union-attr]
         future.set_exception(error)
         self.stats_recorder.record_failed(1)
@@ -447,9 +457,7 @@ class _PublisherCore(CoreClosing):
             try:
                 if batch.state is BatchState.OPEN:
                     if batch.timer is None:
-                        batch.timer = self.clock.call_later(
-                            self._max_latency, lambda b=batch: self._expire(b)
-                        )
+                        batch.timer = self.clock.call_later(self._max_latency, partial(self._expire, batch))
                 elif batch.state is BatchState.SEALED:
                     self._dispatch(batch)
             except BaseException as error:  # never leave this batch's futures pending
@@ -482,7 +490,7 @@ class _PublisherCore(CoreClosing):
         self._in_flight += 1
         batch.state = BatchState.SENDING
         self._sending.add(batch)
-        task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]
+        task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]  # bound: a batch is sent
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -523,9 +531,9 @@ class _PublisherCore(CoreClosing):
             self._observer.batch_finished(batch, outcome, None)
         finally:
             if outcome.ok:
-                self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
+                self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]  # ok: IDs set
             else:
-                self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]
+                self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]  # not ok: error set
 
     def _succeed(self, batch: Batch, message_ids: tuple[str, ...]) -> None:
         batch.state = BatchState.DONE
@@ -558,8 +566,11 @@ class _PublisherCore(CoreClosing):
                 self._pause((batch.topic, batch.ordering_key))
 
     def _release(self, batch: Batch) -> None:
+        """The batch has resolved: give back its flow-control room, and let its client go (when this was
+        the client's last pending batch and nobody else holds it, its finalizer shuts it down)."""
         if self.flow.enabled:
             self.flow.release(len(batch.futures), batch.flow_bytes)
+        batch.keepalive = None
 
     def _pause(self, key: tuple[str, str]) -> None:
         """A batch on ``key`` failed: fail what waits behind it, and refuse the key until resumed."""
