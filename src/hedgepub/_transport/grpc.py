@@ -73,16 +73,29 @@ DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/pubsub")
 PUBLISH_METHOD = "/google.pubsub.v1.Publisher/Publish"
 
+#: The keepalive ping interval (ms): the shortest Google's front ends accept (see CHANNEL_OPTIONS).
+KEEPALIVE_TIME_MS = 30_000
+#: How long a keepalive ping may go unanswered before the connection is closed (ms).
+KEEPALIVE_TIMEOUT_MS = 10_000
 #: A message may be up to 10 MB and a request a little more; leave head room over both.
 MAX_MESSAGE_LENGTH = 20 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
     ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
-    # Pings every 30 s keep long-idle connections through NATs and load balancers alive; servers
-    # (including Google's) accept this rate while calls are open.
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    # A ping 30 s after the last activity, while calls are open, answered within 10 s or the connection
+    # is closed: Google's front ends refuse pings more frequent than every 30 s (GOAWAY too_many_pings,
+    # after which gRPC doubles the interval for good), so 30 s is the shortest interval that keeps its
+    # meaning. A dead connection is left much sooner by the pool's own silence check
+    # (hedgepub._transport.pool); keepalive is the bound for the calls the pool cannot see.
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
 )
+#: What a pool's channel adds: a subchannel pool of its own, so that it is its own TCP connection (gRPC
+#: shares one subchannel among channels of the same target and arguments otherwise).
+POOL_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.use_local_subchannel_pool", 1),)
+#: The RPC a silent connection is probed with: any answer, even UNIMPLEMENTED, proves the connection
+#: carries calls again; it needs no permission and costs the service no quota.
+PROBE_METHOD = "/grpc.health.v1.Health/Check"
 
 Metadata = Sequence[tuple[str, str]]
 
@@ -309,36 +322,44 @@ class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
 
 
 def create_channel(
-    target: ChannelTarget, credentials: object | None = None, *, root_certificates: bytes | None = None
+    target: ChannelTarget,
+    credentials: object | None = None,
+    *,
+    root_certificates: bytes | None = None,
+    own_connection: bool = False,
 ) -> grpc.aio.Channel:
     """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
+
+    ``own_connection`` gives the channel a subchannel pool of its own, hence a TCP connection no other
+    channel shares (a connection pool's members).
 
     A secure channel carries google-auth credentials: the ones given, or Application Default
     Credentials; it trusts the system's root certificates, or only ``root_certificates`` (PEM) when
     given (a private CA, a local server with a throwaway certificate). A plain-text channel carries only
     credentials given explicitly, as metadata.
     """
+    options = CHANNEL_OPTIONS + POOL_CHANNEL_OPTIONS if own_connection else CHANNEL_OPTIONS
     host = target.target.removesuffix(":443")
     service_url = f"https://{host}/google.pubsub.v1.Publisher"
     if not target.secure:
         interceptors = (
             [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
         )
-        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        return grpc.aio.insecure_channel(target.target, options=options, interceptors=interceptors)
     import google.auth
 
     if credentials is None and target.source == EMULATOR_HOST_ENV:  # an emulator over TLS: no credentials
         return grpc.aio.secure_channel(
             target.target,
             grpc.ssl_channel_credentials(root_certificates=root_certificates),
-            options=CHANNEL_OPTIONS,
+            options=options,
         )
     if credentials is None:
         credentials, _project = google.auth.default(scopes=SCOPES)
     return grpc.aio.secure_channel(
         target.target,
         grpc.ssl_channel_credentials(root_certificates=root_certificates),
-        options=CHANNEL_OPTIONS,
+        options=options,
         interceptors=[_BearerTokenInterceptor(credentials, service_url)],
     )
 
@@ -361,6 +382,9 @@ class GrpcTransport:
             request_serializer=_serialize_request,
             response_deserializer=PublishResponsePb.FromString,
         )
+        self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
+        #: Whether the channel was READY when last seen (kept up to date by :meth:`keep_connected`).
+        self.ready = True
 
     @classmethod
     def connect(
@@ -385,6 +409,29 @@ class GrpcTransport:
         except grpc.RpcError as error:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
+
+    def keep_connected(self) -> None:
+        """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
+        it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
+        seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
+        left pending while the publisher is idle (a forked child inherits it)."""
+        self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+
+    async def probe(self, timeout: float) -> bool:
+        """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within
+        ``timeout``; any status it sends counts, a timeout or a connection that fails does not."""
+        try:
+            await self._probe(b"", timeout=timeout)
+        except grpc.RpcError as error:
+            code = error.code() if callable(getattr(error, "code", None)) else None
+            return code not in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+            )
+        except RpcError:  # the token interceptor's refusal: the connection is not what fails
+            return True
+        return True
 
     def connected(self) -> bool:
         """Whether the channel is connected now (READY): a failed call on a channel that is not could not
