@@ -77,7 +77,7 @@ def build_core(
         raise TypeError(
             f"hedging_settings must be a HedgingSettings or None; got {type(hedging_settings).__name__}"
         )
-    check_hedging(hedging_settings, retry_settings, bool(enable_message_ordering))
+    check_hedging(hedging_settings, retry_settings)
     delay_source = None
     if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
         delay_source = AdaptiveDelayEstimator(
@@ -110,7 +110,7 @@ def build_core(
     telemetry = (
         _telemetry(id_prefix, budget, tracer_provider, meter_provider) if enable_open_telemetry else None
     )
-    stats_recorder = StatsRecorder()
+    stats_recorder = StatsRecorder(hedging=hedging_settings is not None)
     observers: list[BatchObserver] = [stats_recorder, routes]
     if telemetry is not None:
         observers.append(telemetry)
@@ -182,8 +182,8 @@ def _routes(
     def connect(target: ChannelTarget) -> ConnectionPool:
         def open_connection(_key: int) -> Transport:
             # Each connection of a pool gets a subchannel pool of its own (own_connection), so a new TCP
-            # connection, a replacement too; kept connected (TCP, TLS) from now on by the pool: a hedge is first needed in a
-            # stall, the worst moment to pay for a handshake.
+            # connection, a replacement too; the pool keeps it connected (TCP, TLS) from now on: a hedge
+            # is first needed in a stall, the worst moment to pay for a handshake.
             channel = create_channel(
                 target, credentials, root_certificates=root_certificates, own_connection=True
             )
@@ -196,6 +196,7 @@ def _routes(
         return ConnectionPool(ready=members, clock=clock)
 
     labels = ["primary" if primary is None else primary.target]
+    # Without a transport, primary is the target (build_core's callers pass one of the two).
     pools = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
     for number, made in enumerate(hedge_transports or (), start=1):
         labels.append(f"hedge-endpoint-{number}")
