@@ -31,7 +31,14 @@ from hedgepub._settings import (
     adaptive_delay_limit,
     check_hedging,
 )
-from hedgepub._transport.grpc import ChannelTarget, GrpcTransport, Transport, create_channel, resolve_endpoint
+from hedgepub._transport.grpc import (
+    ChannelTarget,
+    GrpcTransport,
+    TokenRefresher,
+    Transport,
+    create_channel,
+    resolve_endpoint,
+)
 from hedgepub._transport.pool import DEFAULT_POOL_SIZE, ConnectionPool, check_channel_pool_size
 from hedgepub._wire import EMULATOR_HOST_ENV
 
@@ -179,13 +186,20 @@ def _routes(
 
         credentials, _project = google.auth.default(scopes=SCOPES)
 
+    # One refresher for every channel: the pool's connections and the hedge endpoints share each refresh.
+    refresher = TokenRefresher(credentials) if credentials is not None else None
+
     def connect(target: ChannelTarget) -> ConnectionPool:
         def open_connection(_key: int) -> Transport:
             # Each connection of a pool gets a subchannel pool of its own (own_connection), so a new TCP
             # connection, a replacement too; the pool keeps it connected (TCP, TLS) from now on: a hedge
             # is first needed in a stall, the worst moment to pay for a handshake.
             channel = create_channel(
-                target, credentials, root_certificates=root_certificates, own_connection=True
+                target,
+                credentials,
+                root_certificates=root_certificates,
+                own_connection=True,
+                refresher=refresher,
             )
             return GrpcTransport(channel)
 

@@ -6,12 +6,14 @@ takes every call into a black hole until keepalive notices. So each endpoint get
 ``channel_pool_size`` connections, each its own gRPC channel with its own subchannel pool
 (``grpc.use_local_subchannel_pool``), hence its own TCP connection, and:
 
-- **Spreading** (docs/hedging.md, rule 23): the original of a batch goes to the next connection in turn.
+- **One home** (docs/hedging.md, rule 23): originals go on the first connection that is warm and connected
+  (measured: spreading them over the pool cost throughput, docs/publisher.md), so the others carry hedges
+  and retries.
 - **Escaping** (rule 24): a hedge goes on a connection that none of its batch's running attempts uses;
   the retry of a failed original avoids those and the one its failed try used.
 - **Warm** (rule 25): each connection is connected at once and reconnected whenever it drops
-  (:meth:`GrpcTransport.keep_connected`, every :data:`KEEP_WARM` seconds); an attempt goes to a ready connection while there is one,
-  so none waits for a set-up while another is warm.
+  (:meth:`GrpcTransport.keep_connected`, every :data:`KEEP_WARM` seconds); an attempt goes to a ready
+  connection while there is one, so none waits for a set-up while another is warm.
 - **Silence** (rule 26): a connection on which nothing came back for :data:`SILENCE_AFTER` while an attempt
   was outstanding, or whose attempt lost to an attempt of the same batch on another connection with
   nothing back since it was sent, turns *silent*: it takes no new attempt while another connection is
@@ -141,7 +143,6 @@ class ConnectionPool:
         self.description = description
         self._members: list[_Member] = []
         self._keys = 0
-        self._cursor = 0
         self._check: TimerHandle | None = None
         self._upkeep: TimerHandle | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -179,32 +180,26 @@ class ConnectionPool:
     # Routing ---------------------------------------------------------------------------------------------
 
     def pick(self, avoid: Collection[int] = ()) -> int:
-        """The connection for the next attempt: the next in turn that is warm, ready and not in ``avoid``.
+        """The connection for the next attempt: the first, in the pool's order, that is warm, connected and
+        not in ``avoid`` (rules 23 and 24).
 
         Failing that, in this order: warm but still connecting, silent, then (only when every connection
         is in ``avoid``) the same classes among those avoided.
         """
         members = self._members
-        count = len(members)
-        if count == 1:
+        if len(members) == 1:
             return 0
-        start = self._cursor
-        self._cursor = start + 1 if start + 1 < count else 0
-        best, best_rank = start, 99
-        for offset in range(count):
-            index = start + offset
-            if index >= count:
-                index -= count
-            member = members[index]
+        best, best_rank = 0, 99
+        for member in members:
             rank = 0 if member.state is ConnectionState.WARM else 2
             if rank == 0 and not _is_ready(member.transport):
                 rank = 1
-            if index in avoid:
+            if avoid and member.index in avoid:
                 rank += 3
             if rank == 0:
-                return index
+                return member.index
             if rank < best_rank:
-                best, best_rank = index, rank
+                best, best_rank = member.index, rank
         return best
 
     def start(self, member_index: int) -> Lease:
@@ -264,7 +259,10 @@ class ConnectionPool:
         member.state, member.silent_since = ConnectionState.WARM, None
         member.replacement_pause, member.next_replacement = PROBE_PAUSE, -math.inf
         _LOGGER.debug(
-            "hedgepub: connection %d to %s answers again after %.3f s", member.index, self.description, silent_for
+            "hedgepub: connection %d to %s answers again after %.3f s",
+            member.index,
+            self.description,
+            silent_for,
         )
         if member.in_flight and self._check is None:
             self._check = self._clock.call_later(SILENCE_AFTER, self._check_silence)
@@ -405,7 +403,9 @@ def _keep_connected(transport: Any) -> None:
 def check_channel_pool_size(value: object) -> int:
     """Validate ``channel_pool_size``: a whole number from 1 to :data:`MAX_POOL_SIZE`."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"channel_pool_size must be a whole number (int); got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"channel_pool_size must be a whole number (int); got {type(value).__name__} {value!r}"
+        )
     if not 1 <= value <= MAX_POOL_SIZE:
         raise ValueError(f"channel_pool_size must be in [1, {MAX_POOL_SIZE}]; got {value!r}")
     return value
