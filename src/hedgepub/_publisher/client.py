@@ -311,6 +311,12 @@ class AsyncPublisherClient(_ClientFacade):
         await self.shutdown()
 
 
+class _Keepalive:
+    """The token a :class:`PublisherClient`'s finalizer watches (see ``PublisherClient._start``)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PublisherClient(_ClientFacade):
     """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
 
@@ -319,7 +325,8 @@ class PublisherClient(_ClientFacade):
     it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
     is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
     :data:`IMPLICIT_SHUTDOWN_TIMEOUT`), or at most 5 s while its endpoint cannot be reached: when the
-    interpreter exits normally, or in the background once the client is garbage-collected. ``os._exit``
+    interpreter exits normally, or in the background once the client is garbage-collected, which a pending
+    publish prevents (``PublisherClient().publish(topic, b"x").result()`` returns the ID). ``os._exit``
     and fatal signals skip that.
 
     Args:
@@ -362,9 +369,18 @@ class PublisherClient(_ClientFacade):
     def _start(self) -> None:
         retry = self._core.retry
         self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # What the finalizer watches instead of the client itself: held by the client, by its publish
+        # function (so that `PublisherClient().publish(...)` keeps it for the call) and by every pending
+        # batch (core._new_batch), so that a client nobody references is shut down only once none of its
+        # publishes is pending. Neither the runner nor the core holds it (the core only weakly), and the
+        # publish function is in the client's own dict, so a dropped client with nothing pending is still
+        # finalized at once, without waiting for the cycle collector.
+        keepalive = self._keepalive = _Keepalive()
+        self._core.keepalive = weakref.ref(keepalive)
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
-        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer = weakref.finalize(keepalive, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
         _SYNC_CLIENTS.add(self)
 
@@ -380,10 +396,7 @@ class PublisherClient(_ClientFacade):
         self._finalizer.detach()
         self._runner.abandon()
         core = self._core
-        error = PublishError(
-            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
-            "future, in the child, cannot learn the outcome"
-        )
+        error = _inherited_error()
         reusable = core.state is ClientState.OPEN and not core.routes.connected
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
@@ -489,14 +502,34 @@ FORK_REFUSAL = (
 )
 
 
+def _inherited_error() -> PublishError:
+    """What a future inherited from the parent fails with in a forked child."""
+    return PublishError(
+        f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+        "future, in the child, cannot learn the outcome"
+    )
+
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
-    forget_open_runners()
-    for client in list(_SYNC_CLIENTS):
+    runners = forget_open_runners()
+    clients = list(_SYNC_CLIENTS)
+    owned = {id(client._runner) for client in clients}
+    for client in clients:
         try:
             client._after_fork_in_child()
         except Exception:  # one client's trouble must not break the others, nor the fork
             _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+    for runner in runners:
+        if id(runner) in owned:
+            continue
+        # A client dropped while publishes were pending (they keep its core running): no client is left
+        # to abandon them, so fail the inherited futures here.
+        try:
+            runner.abandon()
+            runner.core.abandon_after_fork(_inherited_error(), FORK_REFUSAL)
+        except Exception:
+            _LOGGER.exception("hedgepub: making a dropped publisher safe after os.fork() failed")
 
 
 if hasattr(os, "register_at_fork"):
