@@ -101,6 +101,7 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        channel_pool_size: int | None = None,
         idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
@@ -108,8 +109,8 @@ class _ClientFacade:
         enable_open_telemetry: bool = False,
         tracer_provider: Any = None,
         meter_provider: Any = None,
-        transport: Transport | None = None,
-        hedge_transports: Sequence[Transport] | None = None,
+        transport: Transport | Sequence[Transport] | None = None,
+        hedge_transports: Sequence[Transport | Sequence[Transport]] | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
@@ -149,6 +150,7 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            channel_pool_size=channel_pool_size,
             idempotency_attribute=idempotency_attribute,
             root_certificates=root_certificates,
             meter_provider=meter_provider,
@@ -344,11 +346,16 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._publisher.routes`.
+        channel_pool_size: how many connections (each its own TCP connection) each endpoint gets, a
+            whole number from 1 to 16; default 2. Originals take them in turn, a hedge or a retry one
+            that none of its batch's running attempts uses, and a connection that goes silent is left
+            within about a second and replaced (docs/hedging.md, rules 23-26). 1 is a single connection.
         idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
             ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
             retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
             A value the caller sets for that attribute is kept. Off by default.
-        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests); a sequence
+            of transports in their place is a pool of that many connections.
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
