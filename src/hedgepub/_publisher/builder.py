@@ -75,7 +75,7 @@ def build_core(
         raise TypeError(
             f"hedging_settings must be a HedgingSettings or None; got {type(hedging_settings).__name__}"
         )
-    check_hedging(hedging_settings, retry_settings, bool(enable_message_ordering))
+    check_hedging(hedging_settings, retry_settings)
     delay_source = None
     if hedging_settings is not None and hedging_settings.adaptive_delay is not None:
         delay_source = AdaptiveDelayEstimator(
@@ -105,7 +105,7 @@ def build_core(
     telemetry = (
         _telemetry(id_prefix, budget, tracer_provider, meter_provider) if enable_open_telemetry else None
     )
-    stats_recorder = StatsRecorder()
+    stats_recorder = StatsRecorder(hedging=hedging_settings is not None)
     observers: list[BatchObserver] = [stats_recorder, routes]
     if telemetry is not None:
         observers.append(telemetry)

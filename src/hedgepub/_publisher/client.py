@@ -282,7 +282,8 @@ class PublisherClient(_ClientFacade):
         batch_settings: when a batch is sent (count, bytes, latency).
         retry_settings: retry codes, back-off, per-attempt and total timeouts.
         flow_control: limits on outstanding messages and what to do at the limit.
-        enable_message_ordering: deliver messages with the same ordering key in order (no hedging).
+        enable_message_ordering: deliver messages with the same ordering key in order; with hedging on,
+            batches with an ordering key are never hedged (unkeyed ones are).
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport.grpc` for TLS or plain text.
             Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.

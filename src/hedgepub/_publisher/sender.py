@@ -137,12 +137,16 @@ class BatchSender:
                 attempt, lambda n: routes.labels[routes.index_for(n)]
             )
         batch.progress = counts
+        # A batch with an ordering key is never hedged, and leaves its topic's bucket alone (neither spent
+        # nor refilled): a hedged copy stored late would land behind the key's next batch (rule 23). Its
+        # latency still feeds the adaptive delay, which measures the service.
+        keyed = bool(batch.ordering_key)
         outcome = await run_batch(
             attempt,
             message_count=len(batch.futures),
             retry=self.retry,
-            hedging=self.hedging,
-            bucket=self.budget.bucket_for(topic),
+            hedging=None if keyed else self.hedging,
+            bucket=None if keyed else self.budget.bucket_for(topic),
             clock=clock,
             delay_source=self.budget.delay_source,
         )

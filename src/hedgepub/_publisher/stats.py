@@ -88,10 +88,12 @@ class PublisherStats:
         hedges_sent: hedged attempts sent.
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
+        unhedged_keyed_batches: batches left unhedged because they carry an ordering key (a hedging
+            publisher never hedges those, docs/hedging.md rule 23; 0 when hedging is off).
         tokens_available: tokens now in the hedging buckets of every topic together (0.0 when hedging
             is off); each topic has a bucket of its own, see ``tokens_by_topic``.
-        tokens_by_topic: tokens now in each topic's hedging bucket, for every topic that has sent a
-            batch (empty when hedging is off).
+        tokens_by_topic: tokens now in each topic's hedging bucket, for every topic that has sent an
+            unkeyed batch (empty when hedging is off).
         hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
             ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
         p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
@@ -107,6 +109,7 @@ class PublisherStats:
     hedges_sent: int = 0
     hedges_won: int = 0
     hedges_skipped: int = 0
+    unhedged_keyed_batches: int = 0
     tokens_available: float = 0.0
     tokens_by_topic: Mapping[str, float] = field(default_factory=dict)
     hedge_delay_ms: float = 0.0
@@ -120,9 +123,13 @@ class PublisherStats:
 
 
 class StatsRecorder:
-    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread."""
+    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread.
 
-    def __init__(self) -> None:
+    ``hedging`` says whether the publisher hedges (so that its keyed batches count as left unhedged).
+    """
+
+    def __init__(self, *, hedging: bool = False) -> None:
+        self._hedging = hedging
         self._lock = threading.Lock()
         self._histogram = latency_histogram()
         self.messages_published = 0
@@ -132,6 +139,7 @@ class StatsRecorder:
         self.hedges_sent = 0
         self.hedges_won = 0
         self.hedges_skipped = 0
+        self.unhedged_keyed_batches = 0
 
     def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
         """Count one finished batch (a :class:`~hedgepub._publisher.observer.BatchObserver`): as its
@@ -151,6 +159,8 @@ class StatsRecorder:
             self.hedges_sent += outcome.hedges_sent
             self.hedges_won += int(outcome.hedge_won)
             self.hedges_skipped += outcome.hedges_skipped
+            if self._hedging and batch.ordering_key:
+                self.unhedged_keyed_batches += 1
             self._histogram.record_value(micros)
 
     def record_failed(self, messages: int) -> None:
@@ -178,6 +188,7 @@ class StatsRecorder:
                 hedges_sent=self.hedges_sent,
                 hedges_won=self.hedges_won,
                 hedges_skipped=self.hedges_skipped,
+                unhedged_keyed_batches=self.unhedged_keyed_batches,
                 tokens_available=tokens_available,
                 tokens_by_topic=tokens_by_topic if tokens_by_topic is not None else {},
                 hedge_delay_ms=hedge_delay * 1000.0,
