@@ -75,7 +75,7 @@ class RpcError(PublishError, _google.GoogleAPICallError):
         self.code = StatusCode(code)
 
     @property
-    def details(self) -> str:  # type: ignore[override]  # hedgepub's (and gRPC's) meaning: the message
+    def details(self) -> str:
         """The status message (gRPC's ``details()``); the ``google.rpc`` details are ``error_details``."""
         return str(self.message)
 
@@ -100,6 +100,8 @@ class PublishTimeoutError(PublishError, _google.DeadlineExceeded):
 
     Also a ``google.api_core.exceptions.DeadlineExceeded``, as the official client's timeout is.
     """
+
+    code: StatusCode
 
     def __init__(self, message: str, last_error: BaseException | None = None) -> None:
         text = message if last_error is None else f"{message}; last error: {last_error}"

@@ -185,6 +185,7 @@ def _routes(
         return lambda: made
 
     labels = ["primary" if primary is None else primary.target]
+    # Without a transport, primary is the target (build_core's callers pass one of the two).
     connects = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
     for number, made in enumerate(hedge_transports or (), start=1):
         labels.append(f"hedge-endpoint-{number}")

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
@@ -85,6 +85,8 @@ class _ClientFacade:
 
     #: Whether the core hands out ``concurrent.futures`` (sync client) or asyncio futures.
     _sync_futures: ClassVar[bool]
+    # Each client's own publish method; _bind_publish may replace it on an instance.
+    publish: Callable[..., Any]
 
     def __init__(
         self,
@@ -164,12 +166,12 @@ class _ClientFacade:
             self._publish_function = self._core.sync_publish()
         if telemetry is None:
             if self._sync_futures:
-                self.publish = self._publish_function  # type: ignore[method-assign]
+                self.publish = self._publish_function
         else:
             # Traced publishing replaces publish on this instance only: an untraced client runs the
             # plain method, with not even a check for telemetry on its hot path.
-            plain = type(self).publish.__get__(self)  # type: ignore[attr-defined]
-            self.publish = (  # type: ignore[method-assign]
+            plain = type(self).publish.__get__(self)
+            self.publish = (
                 telemetry.traced_sync_publish(plain)
                 if self._sync_futures
                 else telemetry.traced_async_publish(plain)
@@ -245,7 +247,7 @@ class AsyncPublisherClient(_ClientFacade):
             future = core.add_admitted(topic, data, ordering_key, message, size, framed)
         else:
             future = core.add(topic, data, ordering_key, message, size, framed)
-        return await future  # type: ignore[no-any-return]
+        return await future
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch and wait for every message.
@@ -359,7 +361,7 @@ class PublisherClient(_ClientFacade):
         """
         # An untraced client calls the core's function directly (see _bind_publish): this method runs for
         # a traced one, or when called through the class.
-        return self._publish_function(topic, data, ordering_key, **attributes)  # type: ignore[no-any-return]
+        return self._publish_function(topic, data, ordering_key, **attributes)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.

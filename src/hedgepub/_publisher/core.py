@@ -37,6 +37,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -238,7 +239,7 @@ class _PublisherCore(CoreClosing):
                 else:
                     batch.plain.append(data)
                     batch.byte_size += framed
-                    future = BatchFuture(batch.condition)
+                    future = BatchFuture(batch.condition)  # type: ignore[arg-type]  # a sync client's batch has one
                     futures = batch.futures
                     futures.append(future)
                     if len(futures) < max_messages and batch.byte_size < max_bytes:
@@ -292,9 +293,9 @@ class _PublisherCore(CoreClosing):
         batch.byte_size += framed
         batch.flow_bytes += size
         if self.sync_futures:
-            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]
+            future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]  # sync_futures: it has one
         else:
-            future = self._loop.create_future()  # type: ignore[union-attr]
+            future = self._loop.create_future()  # type: ignore[union-attr]  # bound before any publish
         batch.futures.append(future)
         return future
 
@@ -377,6 +378,7 @@ class _PublisherCore(CoreClosing):
 
     def _paused_future(self, ordering_key: str) -> Any:
         error = OrderingKeyPausedError(ordering_key)
+        # The loop is bound before any publish.
         future: Any = concurrent.futures.Future() if self.sync_futures else self._loop.create_future()  # type: ignore[union-attr]
         future.set_exception(error)
         self.stats_recorder.record_failed(1)
@@ -447,9 +449,7 @@ class _PublisherCore(CoreClosing):
             try:
                 if batch.state is BatchState.OPEN:
                     if batch.timer is None:
-                        batch.timer = self.clock.call_later(
-                            self._max_latency, lambda b=batch: self._expire(b)
-                        )
+                        batch.timer = self.clock.call_later(self._max_latency, partial(self._expire, batch))
                 elif batch.state is BatchState.SEALED:
                     self._dispatch(batch)
             except BaseException as error:  # never leave this batch's futures pending
@@ -482,7 +482,7 @@ class _PublisherCore(CoreClosing):
         self._in_flight += 1
         batch.state = BatchState.SENDING
         self._sending.add(batch)
-        task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]
+        task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]  # bound: a batch is sent
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -523,9 +523,9 @@ class _PublisherCore(CoreClosing):
             self._observer.batch_finished(batch, outcome, None)
         finally:
             if outcome.ok:
-                self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]
+                self._succeed(batch, outcome.message_ids)  # type: ignore[arg-type]  # ok: IDs set
             else:
-                self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]
+                self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]  # not ok: error set
 
     def _succeed(self, batch: Batch, message_ids: tuple[str, ...]) -> None:
         batch.state = BatchState.DONE

@@ -31,23 +31,26 @@ import asyncio
 import collections
 import concurrent.futures
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import _base
 from typing import Any
 
-_PENDING = getattr(_base, "PENDING", None)
-_FINISHED = getattr(_base, "FINISHED", None)
+# The states' values ("" where this Python has none, which turns the fast path off).
+_PENDING: str = getattr(_base, "PENDING", "")
+_FINISHED: str = getattr(_base, "FINISHED", "")
+# Where concurrent.futures logs a done-callback's exception; _resolve_fast runs the callbacks and logs there.
+_CALLBACK_LOGGER = logging.getLogger("concurrent.futures")
 
 
 def _check_fast_path() -> bool:
-    probe = concurrent.futures.Future()
+    probe: concurrent.futures.Future[object] = concurrent.futures.Future()
     return (
-        _PENDING is not None
-        and _FINISHED is not None
+        bool(_PENDING)
+        and bool(_FINISHED)
         and all(hasattr(probe, name) for name in ("_condition", "_state", "_waiters", "_done_callbacks"))
-        and callable(getattr(probe, "_invoke_callbacks", None))
-        and probe._state == _PENDING  # type: ignore[attr-defined]
+        and probe._state == _PENDING
         # The condition's own waiters, which resolving reads to skip notify_all when there are none.
         and isinstance(getattr(threading.Condition(), "_waiters", None), collections.deque)
     )
@@ -88,7 +91,7 @@ class _ListOnFirstUse:
         return value
 
 
-class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class BatchFuture(concurrent.futures.Future[Any]):
     """A ``concurrent.futures.Future`` sharing its condition with the rest of its batch."""
 
     # Created on first use (most futures never get a waiter or a callback).
@@ -141,9 +144,18 @@ class BatchFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         """See ``concurrent.futures.Future.done``."""
         return self._state is _FINISHED or super().done()
 
+    def _run_done_callbacks(self) -> None:
+        # What Future.set_result does after resolving, done here rather than through Future's private
+        # _invoke_callbacks: each callback once, with this future; an exception is logged, not raised.
+        for callback in self._done_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                _CALLBACK_LOGGER.exception("exception calling callback for %r", self)
+
 
 def resolve_batch(
-    futures: Sequence[object],
+    futures: Sequence[concurrent.futures.Future[Any] | asyncio.Future[Any]],
     condition: threading.Condition | None,
     message_ids: Sequence[str] | None = None,
     error: BaseException | None = None,
@@ -162,16 +174,17 @@ def resolve_batch(
     else:
         results = itertools.repeat(None, len(futures))
     if FAST_PATH and isinstance(condition, BatchCondition) and not isinstance(futures[0], asyncio.Future):
+        # A batch whose condition is a BatchCondition made its futures BatchFutures.
         _resolve_fast(futures, condition, results, error)  # type: ignore[arg-type]
         return
     for future, message_id in zip(futures, results, strict=True):
-        if future.done():  # type: ignore[attr-defined]
+        if future.done():
             continue
         try:
             if error is None:
-                future.set_result(message_id)  # type: ignore[attr-defined]
+                future.set_result(message_id)
             else:
-                future.set_exception(error)  # type: ignore[attr-defined]
+                future.set_exception(error)
         except concurrent.futures.InvalidStateError:  # cancelled by another thread since done() said no
             pass
 
@@ -210,4 +223,4 @@ def _resolve_fast(
             condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:
-        future._invoke_callbacks()
+        future._run_done_callbacks()

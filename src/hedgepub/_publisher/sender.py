@@ -133,7 +133,7 @@ class BatchSender:
             return ids
 
         if self.telemetry is not None:
-            attempt = self.telemetry.start_batch(batch).wrap(
+            attempt = self.telemetry.start_batch(batch).wrap(  # type: ignore[assignment]  # called the same way
                 attempt, lambda n: routes.labels[routes.index_for(n)]
             )
         batch.progress = counts

@@ -102,7 +102,7 @@ def map_rpc_error(error: grpc.RpcError) -> RpcError:
     """
     code_method = getattr(error, "code", None)
     grpc_code = code_method() if callable(code_method) else None
-    code = _GRPC_TO_STATUS.get(grpc_code, StatusCode.UNKNOWN)  # type: ignore[arg-type]
+    code = _GRPC_TO_STATUS.get(grpc_code, StatusCode.UNKNOWN)  # type: ignore[arg-type]  # None: UNKNOWN
     if code is StatusCode.OK:
         code = StatusCode.UNKNOWN
     details_method = getattr(error, "details", None)
@@ -257,7 +257,7 @@ def resolve_endpoint(
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True, source="default")
 
 
-class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
     """Puts google-auth credentials' ``authorization`` header on every call, refreshing the token first.
 
     Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for two reasons:
@@ -324,7 +324,12 @@ def create_channel(
         interceptors = (
             [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
         )
-        return grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS, interceptors=interceptors)
+        # grpc-stubs types aio's client interceptors as a placeholder class "to cast to or ignore".
+        return grpc.aio.insecure_channel(
+            target.target,
+            options=CHANNEL_OPTIONS,
+            interceptors=interceptors,  # type: ignore[arg-type]
+        )
     import google.auth
 
     if credentials is None and target.source == EMULATOR_HOST_ENV:  # an emulator over TLS: no credentials
@@ -339,13 +344,13 @@ def create_channel(
         target.target,
         grpc.ssl_channel_credentials(root_certificates=root_certificates),
         options=CHANNEL_OPTIONS,
-        interceptors=[_BearerTokenInterceptor(credentials, service_url)],
+        interceptors=[_BearerTokenInterceptor(credentials, service_url)],  # type: ignore[list-item]  # as above
     )
 
 
 def _serialize_request(request: Any) -> bytes:
     """A ``PublishRequest``'s bytes: given as they are, or serialized."""
-    return request if type(request) is bytes else request.SerializeToString()  # type: ignore[no-any-return]
+    return request if type(request) is bytes else request.SerializeToString()
 
 
 class GrpcTransport:
@@ -393,7 +398,7 @@ class GrpcTransport:
 
     async def close(self) -> None:
         """Close the channel; RPCs still running are cancelled."""
-        await self._channel.close()
+        await self._channel.close(None)  # no grace: calls still running are cancelled
 
     def __repr__(self) -> str:
         return f"GrpcTransport({self._channel!r})"
