@@ -18,7 +18,7 @@ from hedgepub._exceptions import (
     ShutdownTimeoutError,
 )
 from hedgepub._publisher.client import AsyncPublisherClient, PublisherClient
-from hedgepub._publisher.stats import EndpointStats, PublisherStats
+from hedgepub._publisher.stats import ConnectionStats, EndpointStats, PublisherStats
 from hedgepub._settings import (
     AdaptiveDelay,
     BatchSettings,
@@ -36,6 +36,7 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "ConnectionStats",
     "DedupStats",
     "Deduplicator",
     "EndpointStats",

@@ -239,7 +239,7 @@ def test_a_publish_through_the_relay_to_a_local_server() -> None:
             admin.wait_ready(10.0)
             admin.create_topic(TOPIC)
         with PublisherClient(
-            endpoint=relay.address, batch_settings=BatchSettings(max_messages=1)
+            endpoint=relay.address, batch_settings=BatchSettings(max_messages=1), channel_pool_size=1
         ) as publisher:
             ids = [publisher.publish(TOPIC, b"through %d" % n).result(timeout=60) for n in range(5)]
             [info] = relay.connections  # one channel, one TCP connection
@@ -255,7 +255,7 @@ async def test_from_asyncio_with_loss_every_publish_is_stored() -> None:
             admin.create_topic(TOPIC)
         async with FaultRelay(upstream=server.address, loss=0.2, seed=11) as relay:
             publisher = AsyncPublisherClient(
-                endpoint=relay.address, batch_settings=BatchSettings(max_messages=1)
+                endpoint=relay.address, batch_settings=BatchSettings(max_messages=1), channel_pool_size=1
             )
             try:  # one at a time: each publish is its own segments both ways, each lost 1 time in 5
                 ids = [await publisher.publish(TOPIC, b"lossy %d" % n) for n in range(20)]

@@ -145,6 +145,7 @@ class Batch:
         "condition",
         "flow_bytes",
         "futures",
+        "keepalive",
         "lock",
         "open_key",
         "ordering_key",
@@ -192,6 +193,9 @@ class Batch:
         self.open_key = open_key
         #: Its attempts so far, once it is being sent (a hedgepub._publisher.sender.AttemptCounts).
         self.progress: Any = None
+        #: What keeps the client that made the batch alive until the batch resolves (a sync client's
+        #: keep-alive token, see ``PublisherClient``), or ``None``.
+        self.keepalive: object | None = None
 
     def add_data(self, data: bytes) -> None:
         """Add a message of ``data`` alone (holding the batch's lock)."""

@@ -99,6 +99,7 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        channel_pool_size: int | None = None,
         idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
@@ -106,8 +107,8 @@ class _ClientFacade:
         enable_open_telemetry: bool = False,
         tracer_provider: Any = None,
         meter_provider: Any = None,
-        transport: Transport | None = None,
-        hedge_transports: Sequence[Transport] | None = None,
+        transport: Transport | Sequence[Transport] | None = None,
+        hedge_transports: Sequence[Transport | Sequence[Transport]] | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
@@ -147,6 +148,7 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            channel_pool_size=channel_pool_size,
             idempotency_attribute=idempotency_attribute,
             root_certificates=root_certificates,
             meter_provider=meter_provider,
@@ -268,6 +270,12 @@ class AsyncPublisherClient(_ClientFacade):
         await self.shutdown()
 
 
+class _Keepalive:
+    """The token a :class:`PublisherClient`'s finalizer watches (see ``PublisherClient._start``)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PublisherClient(_ClientFacade):
     """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
 
@@ -276,7 +284,8 @@ class PublisherClient(_ClientFacade):
     it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
     is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
     :data:`IMPLICIT_SHUTDOWN_TIMEOUT`), or at most 5 s while its endpoint cannot be reached: when the
-    interpreter exits normally, or in the background once the client is garbage-collected. ``os._exit``
+    interpreter exits normally, or in the background once the client is garbage-collected, which a pending
+    publish prevents (``PublisherClient().publish(topic, b"x").result()`` returns the ID). ``os._exit``
     and fatal signals skip that.
 
     Args:
@@ -294,11 +303,16 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._publisher.routes`.
+        channel_pool_size: how many connections (each its own TCP connection) each endpoint gets, a
+            whole number from 1 to 16; default 2. Originals take them in turn, a hedge or a retry one
+            that none of its batch's running attempts uses, and a connection that goes silent is left
+            within about a second and replaced (docs/hedging.md, rules 23-26). 1 is a single connection.
         idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
             ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
             retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
             A value the caller sets for that attribute is kept. Off by default.
-        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests); a sequence
+            of transports in their place is a pool of that many connections.
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
@@ -319,9 +333,18 @@ class PublisherClient(_ClientFacade):
     def _start(self) -> None:
         retry = self._core.retry
         self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # What the finalizer watches instead of the client itself: held by the client, by its publish
+        # function (so that `PublisherClient().publish(...)` keeps it for the call) and by every pending
+        # batch (core._new_batch), so that a client nobody references is shut down only once none of its
+        # publishes is pending. Neither the runner nor the core holds it (the core only weakly), and the
+        # publish function is in the client's own dict, so a dropped client with nothing pending is still
+        # finalized at once, without waiting for the cycle collector.
+        keepalive = self._keepalive = _Keepalive()
+        self._core.keepalive = weakref.ref(keepalive)
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
-        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer = weakref.finalize(keepalive, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
         _SYNC_CLIENTS.add(self)
 
@@ -337,10 +360,7 @@ class PublisherClient(_ClientFacade):
         self._finalizer.detach()
         self._runner.abandon()
         core = self._core
-        error = PublishError(
-            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
-            "future, in the child, cannot learn the outcome"
-        )
+        error = _inherited_error()
         reusable = core.state is ClientState.OPEN and not core.routes.connected
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
@@ -400,14 +420,34 @@ FORK_REFUSAL = (
 )
 
 
+def _inherited_error() -> PublishError:
+    """What a future inherited from the parent fails with in a forked child."""
+    return PublishError(
+        f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+        "future, in the child, cannot learn the outcome"
+    )
+
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
-    forget_open_runners()
-    for client in list(_SYNC_CLIENTS):
+    runners = forget_open_runners()
+    clients = list(_SYNC_CLIENTS)
+    owned = {id(client._runner) for client in clients}
+    for client in clients:
         try:
             client._after_fork_in_child()
         except Exception:  # one client's trouble must not break the others, nor the fork
             _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+    for runner in runners:
+        if id(runner) in owned:
+            continue
+        # A client dropped while publishes were pending (they keep its core running): no client is left
+        # to abandon them, so fail the inherited futures here.
+        try:
+            runner.abandon()
+            runner.core.abandon_after_fork(_inherited_error(), FORK_REFUSAL)
+        except Exception:
+            _LOGGER.exception("hedgepub: making a dropped publisher safe after os.fork() failed")
 
 
 if hasattr(os, "register_at_fork"):

@@ -145,6 +145,10 @@ class _PublisherCore(CoreClosing):
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
         self.refusal = "publish() called after shutdown()"
+        #: A weak reference to what keeps the sync client alive (see ``PublisherClient._start``): every
+        #: batch holds it until it resolves, so that a client nobody references is not shut down while one
+        #: of its publishes is pending. ``None`` for the async client.
+        self.keepalive: Callable[[], object | None] | None = None
 
     # ---- binding -------------------------------------------------------------------------------------
 
@@ -364,7 +368,11 @@ class _PublisherCore(CoreClosing):
     def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
         """An empty open batch, to be kept under ``key`` in ``_open``."""
         batch_id = f"{self._id_prefix}-{next(self._batch_numbers)}"
-        return Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key, now=self.clock.now)
+        batch = Batch(topic, ordering_key, batch_id, self.sync_futures, open_key=key, now=self.clock.now)
+        if self.keepalive is not None:
+            # Alive here: the publishing thread's publish function holds it.
+            batch.keepalive = self.keepalive()
+        return batch
 
     def add_admitted(
         self, topic: str, data: bytes, ordering_key: str, message: Any, size: int, framed: int
@@ -558,8 +566,11 @@ class _PublisherCore(CoreClosing):
                 self._pause((batch.topic, batch.ordering_key))
 
     def _release(self, batch: Batch) -> None:
+        """The batch has resolved: give back its flow-control room, and let its client go (when this was
+        the client's last pending batch and nobody else holds it, its finalizer shuts it down)."""
         if self.flow.enabled:
             self.flow.release(len(batch.futures), batch.flow_bytes)
+        batch.keepalive = None
 
     def _pause(self, key: tuple[str, str]) -> None:
         """A batch on ``key`` failed: fail what waits behind it, and refuse the key until resumed."""
