@@ -98,7 +98,7 @@ class CoreClosing:
                 batch.condition = BatchCondition()
                 for future in batch.futures:
                     future._condition = batch.condition
-            resolve_batch(batch.futures, batch.condition, error=error)
+            resolve_batch(batch.futures, batch.condition, error=error, segments=batch.segments)
 
     def has_pending(self) -> bool:
         """Whether messages are still waiting for their outcome (any thread; a snapshot)."""

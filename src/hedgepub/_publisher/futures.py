@@ -27,7 +27,6 @@ The fast path relies on ``concurrent.futures.Future``'s internal fields, unchang
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import itertools
@@ -36,6 +35,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import _base
 from typing import Any
+
+from hedgepub._exceptions import PublishError, PublishManyError
 
 # The states' values ("" where this Python has none, which turns the fast path off).
 _PENDING: str = getattr(_base, "PENDING", "")
@@ -154,17 +155,129 @@ class BatchFuture(concurrent.futures.Future[Any]):
                 _CALLBACK_LOGGER.exception("exception calling callback for %r", self)
 
 
-def resolve_batch(
-    futures: Sequence[concurrent.futures.Future[Any] | asyncio.Future[Any]],
-    condition: threading.Condition | None,
+class _Bulk:
+    """What stands in a batch's list of futures for a message of a ``publish_many`` call: always done, so
+    that resolving the batch's futures passes over it; its outcome goes to the call's :class:`ManyResult`
+    through the batch's segments instead."""
+
+    __slots__ = ("__weakref__", "_condition")
+
+    _state = _FINISHED
+
+    def done(self) -> bool:
+        return True
+
+
+#: The one stand-in (see :class:`_Bulk`): a ``publish_many`` message costs one list entry in its batch.
+BULK = _Bulk()
+
+
+class ManyResult:
+    """The outcome of one ``publish_many`` call, message by message, and the one future that gives it.
+
+    Batches carry a call's messages as runs ("segments": where in the batch, how many, where in the call);
+    each run is resolved at once (:meth:`resolved`, :meth:`failed`, on the loop or, for messages refused
+    before they went in, on the caller's thread). Once every message has its outcome the future gets the
+    message IDs in order, or :class:`~hedgepub.PublishManyError` if any failed.
+    """
+
+    __slots__ = ("_errors", "_lock", "_remaining", "future", "message_ids")
+
+    def __init__(self, future: Any, count: int) -> None:
+        #: ``concurrent.futures.Future`` (sync client) or an asyncio future (resolved on its loop).
+        self.future = future
+        self.message_ids: list[str | None] = [None] * count
+        self._errors: dict[int, BaseException] = {}
+        self._remaining = count
+        self._lock = threading.Lock()
+        if not count:
+            self._finish()
+
+    def resolved(self, offset: int, message_ids: Sequence[str]) -> None:
+        """Messages ``offset`` ... ``offset + len(message_ids) - 1`` of the call were published."""
+        with self._lock:
+            self.message_ids[offset : offset + len(message_ids)] = message_ids
+            self._remaining -= len(message_ids)
+            finished = not self._remaining
+        if finished:
+            self._finish()
+
+    def failed(self, offset: int, count: int, error: BaseException) -> None:
+        """Messages ``offset`` ... ``offset + count - 1`` of the call failed with ``error``."""
+        with self._lock:
+            self._errors.update(dict.fromkeys(range(offset, offset + count), error))
+            self._remaining -= count
+            finished = not self._remaining
+        if finished:
+            self._finish()
+
+    def one_done(self, index: int) -> Callable[[Any], None]:
+        """A done-callback for the future of message ``index`` published on its own."""
+
+        def done(future: Any) -> None:
+            error = None if future.cancelled() else future.exception()
+            if future.cancelled():
+                error = PublishError("the message's future was cancelled")
+            if error is None:
+                self.resolved(index, (future.result(),))
+            else:
+                self.failed(index, 1, error)
+
+        return done
+
+    def _finish(self) -> None:
+        future = self.future
+        if future.done():  # cancelled by its owner: the messages were published all the same
+            return
+        if self._errors:
+            future.set_exception(PublishManyError(self.message_ids, dict(sorted(self._errors.items()))))
+        else:
+            future.set_result(self.message_ids)
+
+
+def resolve_segments(
+    segments: Sequence[tuple[ManyResult, int, int, int]],
     message_ids: Sequence[str] | None = None,
     error: BaseException | None = None,
 ) -> None:
-    """Resolve every future of a batch: result ``message_ids[i]``, or ``error`` for all.
+    """Give each ``publish_many`` run of a batch (result, where in the batch, how many, where in the
+    call) its message IDs, or ``error``."""
+    for result, start, count, offset in segments:
+        if error is None:
+            assert message_ids is not None
+            result.resolved(offset, message_ids[start : start + count])
+        else:
+            result.failed(offset, count, error)
+
+
+def resolve_batch(
+    futures: Sequence[Any],
+    condition: threading.Condition | None,
+    message_ids: Sequence[str] | None = None,
+    error: BaseException | None = None,
+    segments: Sequence[tuple[ManyResult, int, int, int]] | None = None,
+) -> None:
+    """Resolve every future of a batch: result ``message_ids[i]``, or ``error`` for all; and its
+    ``publish_many`` runs (``segments``, see :func:`resolve_segments`), after the futures.
 
     Futures already done (cancelled by their owner) are left alone. Asyncio futures must be resolved on
     their loop's thread, which is where the publisher core calls this.
     """
+    if segments:
+        try:
+            _resolve_futures(futures, condition, message_ids, error)
+        finally:
+            resolve_segments(segments, message_ids, error)
+        return
+    _resolve_futures(futures, condition, message_ids, error)
+
+
+def _resolve_futures(
+    futures: Sequence[Any],
+    condition: threading.Condition | None,
+    message_ids: Sequence[str] | None,
+    error: BaseException | None,
+) -> None:
     if not futures:
         return
     # One result per future: its message ID, or None beside the error that all of them share.
@@ -173,9 +286,9 @@ def resolve_batch(
         results: Iterable[str | None] = message_ids
     else:
         results = itertools.repeat(None, len(futures))
-    if FAST_PATH and isinstance(condition, BatchCondition) and not isinstance(futures[0], asyncio.Future):
-        # A batch whose condition is a BatchCondition made its futures BatchFutures.
-        _resolve_fast(futures, condition, results, error)  # type: ignore[arg-type]
+    if FAST_PATH and isinstance(condition, BatchCondition):
+        # A batch whose condition is a BatchCondition made its futures BatchFutures (or BULK).
+        _resolve_fast(futures, condition, results, error)
         return
     for future, message_id in zip(futures, results, strict=True):
         if future.done():
