@@ -65,12 +65,19 @@ class BatchCondition(threading.Condition):
     """The condition shared by the futures of one batch, and which of them have waiters or callbacks."""
 
     def __init__(self, describe: Callable[[], str] | None = None) -> None:
-        super().__init__()
+        lock = threading.RLock()
+        super().__init__(lock)
+        #: The condition's own lock, taken directly (C-level ``with``) where ``with condition`` would go
+        #: through ``Condition.__enter__``, a Python call.
+        self.lock = lock
         #: Says what the batch is doing (queued, attempts, last error), for a future's timeout message.
         self.describe_pending = describe
         #: Futures that got a list of waiters or of done-callbacks (added holding the condition), as the
         #: keys of a dict: a set that keeps their order.
         self.watched: dict[BatchFuture, None] = {}
+        #: The done-callbacks of the batch's pending futures, as (future, callback) in the order they were
+        #: added (see :meth:`BatchFuture.add_done_callback`); changed holding :attr:`lock`.
+        self.callbacks: list[tuple[BatchFuture, Callable[[Any], object]]] = []
 
 
 class _ListOnFirstUse:
@@ -145,6 +152,38 @@ class BatchFuture(concurrent.futures.Future[Any]):
         """See ``concurrent.futures.Future.done``."""
         return self._state is _FINISHED or super().done()
 
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """See ``concurrent.futures.Future.add_done_callback``: ``fn(future)`` runs once the future is done
+        (at once, in this thread, if it is done already), once; an exception it raises is logged.
+
+        A pending future's callback is kept in its batch's :class:`BatchCondition` (one list per batch,
+        one tuple per callback) rather than in a list of the future's own, and resolving the batch runs
+        them all, in the order they were added: a callback per message, as the official samples publish,
+        costs one append under the condition's lock here and one call there.
+        """
+        condition = self._condition
+        if FAST_PATH and type(condition) is BatchCondition:
+            with condition.lock:
+                if self._state is _PENDING:
+                    condition.callbacks.append((self, fn))
+                    return
+            _run_callback(fn, self)  # done already (or cancelled), as Future runs it
+            return
+        super().add_done_callback(fn)
+
+    def cancel(self) -> bool:
+        """See ``concurrent.futures.Future.cancel``; the callbacks added run once, here."""
+        cancelled = super().cancel()
+        condition = self._condition
+        if cancelled and FAST_PATH and type(condition) is BatchCondition:
+            with condition.lock:
+                mine = [fn for future, fn in condition.callbacks if future is self]
+                if mine:
+                    condition.callbacks = [pair for pair in condition.callbacks if pair[0] is not self]
+            for fn in mine:
+                _run_callback(fn, self)
+        return cancelled
+
     def _run_done_callbacks(self) -> None:
         # What Future.set_result does after resolving, done here rather than through Future's private
         # _invoke_callbacks: each callback once, with this future; an exception is logged, not raised.
@@ -153,6 +192,14 @@ class BatchFuture(concurrent.futures.Future[Any]):
                 callback(self)
             except Exception:
                 _CALLBACK_LOGGER.exception("exception calling callback for %r", self)
+
+
+def _run_callback(fn: Callable[[Any], object], future: Any) -> None:
+    """Call one done-callback as ``concurrent.futures`` does: an exception is logged, not raised."""
+    try:
+        fn(future)
+    except Exception:
+        _CALLBACK_LOGGER.exception("exception calling callback for %r", future)
 
 
 class _Bulk:
@@ -310,7 +357,7 @@ def _resolve_fast(
 ) -> None:
     pending, finished = _PENDING, _FINISHED
     with_callbacks = []
-    with condition:
+    with condition.lock:
         # Only the futures noted in the condition have waiters or callbacks: those still pending now are
         # the ones this call resolves (a future cancelled by its owner is left alone).
         watched = [future for future in condition.watched if future._state is pending]
@@ -332,8 +379,17 @@ def _resolve_fast(
                     waiter.add_exception(future)
             if future._done_callbacks:
                 with_callbacks.append(future)
+        callbacks = condition.callbacks
+        if callbacks:
+            # Those of futures this call resolved; a future cancelled meanwhile runs its own (cancel).
+            condition.callbacks = [pair for pair in callbacks if pair[0]._state is not finished]
         if condition._waiters:  # type: ignore[attr-defined]  # most batches have none: no notify_all
             condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:
         future._run_done_callbacks()
+    if callbacks:
+        run = _run_callback
+        for future, fn in callbacks:
+            if future._state is finished:
+                run(fn, future)
