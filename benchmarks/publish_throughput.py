@@ -1,34 +1,49 @@
-"""Publish throughput: hedgepub's sync client (hedging off and on) against the official publisher.
+"""Publish throughput: hedgepub's publishing styles against raw gRPC and the official client.
 
-Every client publishes N messages of 100 bytes with default batch settings to the same local server
-(``hedgepub serve --in-memory --no-rest``, started here as a child process so that it has its own
-interpreter and does not share the GIL with the client being measured). The three clients run in turn,
-round after round, so that they share the machine's noise; the figure reported for each is its median
-over the rounds.
+Every target publishes N messages of 100 bytes to the same local server (``hedgepub serve --in-memory
+--no-rest``, a child process with its own interpreter), and **each measurement runs in a fresh Python
+process** (this script with ``--child``): a client measured in a process that earlier ran other clients
+inherits their threads, caches and heap, and raw gRPC measured that way was slower than in a process of its
+own. The targets take turns round after round (the one that goes first rotates), so that they share the
+machine's noise; each is summed up as its median with [min-max] over the rounds, beside its client CPU per
+message (the whole child process, every thread, over the timed part) and the load average.
 
-    python benchmarks/publish_throughput.py [--messages 100000] [--rounds 3] [--threads 8]
+    python benchmarks/publish_throughput.py [--rounds 5] [--messages 100000] [--targets a,b,...]
+    python benchmarks/publish_throughput.py --profile futures-100 [--profile raw-100]
 
-Beside them, raw gRPC: pre-built ``PublishRequest`` bytes of 100 messages (``raw``) and of 1,000
-(``raw-1000``), sent by 4 concurrent callers on one ``grpc.aio`` channel (``server_ingest.py``'s
-publishers), against hedgepub with its default 100 messages per batch (``off``) and with
-``BatchSettings(max_messages=1000)`` (``off-1000``): what a publisher could reach if building batches and
-resolving futures cost nothing. ``--no-raw`` leaves them out.
+Targets are ``STYLE-BATCH``: ``BATCH`` is the messages per request (``BatchSettings(max_messages=...)``, or
+the raw request's size), 100 or ``--large-batch`` (1,000). The styles, as users publish:
 
-Targets: hedgepub >= 4x the official client; hedging on (not triggered) >= 0.97x hedging off; hedgepub
->= 0.85x raw gRPC at 100 messages per request and >= 0.7x at 1,000.
+* ``futures``: ``PublisherClient.publish`` for every message, the futures collected, then ``result()`` of
+  each; ``futures-on`` the same with hedging on (1 s delay, never reached);
+* ``callbacks``: one ``add_done_callback`` per future, as the official samples do, waiting for the last;
+* ``async``: ``AsyncPublisherClient``, ``await asyncio.gather(*(publisher.publish(...) ...))``;
+* ``threads``: ``--threads`` (8) threads sharing one ``PublisherClient``, each publishing its share in the
+  ``futures`` style;
+* ``many``: ``PublisherClient.publish_many`` with ``--many-chunk`` (1,000) messages per call, each call's
+  future collected, then ``result()``;
+* ``raw``: raw gRPC, the baseline: one ``PublishRequest`` of BATCH messages serialized up front and sent
+  again and again by 4 concurrent callers on one ``grpc.aio`` channel (``server_ingest.py``'s), which is
+  what a publisher would reach if building batches and handing out and resolving futures cost nothing;
+* ``official``: google-cloud-pubsub's ``PublisherClient`` (its default batches of 100), futures collected.
 
-With ``--threads N`` (N > 1), hedgepub also runs with N threads sharing one ``PublisherClient``, each
-publishing its share of the N messages (the same total), hedging off and on, in the same rounds. Target:
-N threads >= 0.95x one thread's rate, hedging off and on alike.
+Targets (exit status 1 when one is missed): every hedgepub style >= 0.85x raw gRPC at 100 messages per
+request and >= 0.7x at 1,000; ``many`` >= 0.9x at both; hedging on / off >= 0.97x; threads / one thread
+>= 0.95x; hedgepub >= 4x the official client.
 
-Every figure is printed as the median with [min-max] over the rounds, beside the load average. The CPU
-time per message (the whole client process, every thread, over the timed part) is printed beside each
-rate: on a busy machine it moves far less than messages/s.
+``--profile TARGET`` runs that target once, in a fresh process, under ``cProfile`` (one profiler in the
+publishing thread, one in the client's loop thread) and prints the functions that take the most time per
+message, and the garbage collector's share: where the per-message time goes (``--profile raw-100`` beside
+``--profile futures-100`` compares them). cProfile slows Python calls down, so read its figures as shares,
+not as speeds.
 
-With ``--no-server``, hedgepub publishes through an in-process transport that takes each request's bytes
-and answers at once (no server, no network, no official client; see :class:`InstantTransport`), with
-default batches and with ``--large-batch`` messages per batch: what is measured is the client's own cost,
-the part threads contend for.
+With ``HEDGEPUB_BENCH_CHANNEL_POOL_SIZE=N`` in the environment, every hedgepub client is built with
+``channel_pool_size=N`` (the connections per endpoint; unset: the default), so that runs with two sizes,
+alternated, compare them.
+
+With ``--no-server``, the hedgepub targets publish through an in-process transport that takes each
+request's bytes and answers at once (no server, no network; see :class:`InstantTransport`): what is
+measured is the client's own cost.
 
 With ``--otel`` it measures OpenTelemetry's cost instead: hedgepub's sync client (hedging on, never
 triggered) without OpenTelemetry importable, with it installed but off, on with the API's no-op providers,
@@ -41,9 +56,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
+import io
+import itertools
+import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -53,8 +73,12 @@ from typing import Any
 PROJECT = "bench-project"
 PAYLOAD = b"x" * 100
 HEDGE_DELAY = 1.0  # seconds; a healthy local server answers far sooner, so no hedge is sent
-#: Messages each hedgepub client publishes before it is measured (the connection, the first calls).
+#: Messages each client publishes in its process before it is measured (the connection, the first calls).
 WARM_UP = 2_000
+#: Raw gRPC's concurrent callers, as the issue's comparison used.
+RAW_IN_FLIGHT = 4
+#: The publishing styles, in the order they are listed.
+STYLES = ("futures", "futures-on", "callbacks", "async", "threads", "many", "raw", "official")
 
 
 @contextlib.contextmanager
@@ -105,51 +129,12 @@ def _measure(publish_all: Callable[[], int], messages: int) -> float:
     return messages / elapsed
 
 
-def run_hedgepub(
-    topic: str, messages: int, hedging: bool, threads: int = 1, server: bool = True, batch: int = 100
-) -> tuple[float, int]:
-    """Messages/s of hedgepub's sync client (``threads`` threads sharing it), and the hedges it sent.
-
-    Without ``server``, requests go to an :class:`InstantTransport`. ``batch`` is the most
-    messages per batch (the default's 100, or more).
-    """
-    from hedgepub import BatchSettings, HedgingSettings, PublisherClient
-
-    settings = HedgingSettings(hedge_delay=HEDGE_DELAY) if hedging else None
-    batching = BatchSettings(max_messages=batch)
-    if server:
-        publisher = PublisherClient(hedging_settings=settings, batch_settings=batching)
-    else:
-        publisher = PublisherClient(
-            hedging_settings=settings, batch_settings=batching, transport=InstantTransport(topic)
-        )
-
-    def publish_share(count: int, published: list[int]) -> None:
-        publish = publisher.publish
-        futures = [publish(topic, PAYLOAD) for _ in range(count)]
-        published.append(sum(1 for future in futures if future.result()))
-
-    publish_share(WARM_UP, [])  # the channel's connection and first calls, outside the measurement
-
-    def publish_all() -> int:
-        if threads == 1:
-            published: list[int] = []
-            publish_share(messages, published)
-            return published[0]
-        shares = [messages // threads + (index < messages % threads) for index in range(threads)]
-        published = []
-        workers = [threading.Thread(target=publish_share, args=(share, published)) for share in shares]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-        return sum(published)
-
-    try:
-        rate = _measure(publish_all, messages)
-    finally:
-        publisher.shutdown()
-    return rate, publisher.stats().hedges_sent
+def split_target(name: str) -> tuple[str, int]:
+    """``"futures-on-100"`` -> ``("futures-on", 100)``."""
+    style, _, batch = name.rpartition("-")
+    if style not in STYLES or not batch.isdigit():
+        raise SystemExit(f"unknown target {name!r}: STYLE-BATCH, STYLE one of {', '.join(STYLES)}")
+    return style, int(batch)
 
 
 class InstantTransport:
@@ -185,48 +170,285 @@ class InstantTransport:
         """Nothing to close."""
 
 
-#: Raw gRPC's concurrent callers, as the issue's comparison used.
-RAW_IN_FLIGHT = 4
+# ---- the child: one target, one measurement, in a fresh process ----------------------------------------
 
 
-def run_raw(address: str, topic: str, messages: int, batch: int) -> float:
-    """Messages/s of raw gRPC: one ``PublishRequest`` of ``batch`` messages serialized up front, sent
-    ``messages // batch`` times by :data:`RAW_IN_FLIGHT` concurrent callers (``server_ingest.py``'s);
-    sets :data:`last_cpu_us_per_message` from the timed loop's process CPU."""
+class _Profiler:
+    """``--profile``: cProfile in the publishing thread and in the client's loop thread, and the garbage
+    collector's time; :meth:`report` prints each thread's top functions in microseconds per message."""
+
+    def __init__(self) -> None:
+        import cProfile
+
+        self.main = cProfile.Profile()
+        self.loop_profile: Any = None
+        self.gc_seconds = 0.0
+        self._gc_started = 0.0
+        self._cprofile = cProfile
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_seconds += time.perf_counter() - self._gc_started
+
+    def start(self, loop: Any = None) -> None:
+        """Profile this thread, and ``loop``'s thread (a running asyncio loop in another thread) if given."""
+        gc.callbacks.append(self._gc)
+        if loop is not None:
+            self.loop_profile = self._cprofile.Profile()
+            ready = threading.Event()
+
+            def enable() -> None:
+                self.loop_profile.enable()
+                ready.set()
+
+            loop.call_soon_threadsafe(enable)
+            ready.wait(10)
+        self.main.enable()
+
+    def stop(self, loop: Any = None) -> None:
+        """Stop every profiler (the loop's on its own thread)."""
+        self.main.disable()
+        gc.callbacks.remove(self._gc)
+        if loop is not None and self.loop_profile is not None:
+            done = threading.Event()
+
+            def disable() -> None:
+                self.loop_profile.disable()
+                done.set()
+
+            loop.call_soon_threadsafe(disable)
+            done.wait(10)
+
+    def report(self, messages: int, out: io.TextIOBase, top: int = 18) -> None:
+        """Print the top functions of each profiled thread by own time, in us per message."""
+        import pstats
+
+        print(f"garbage collector: {self.gc_seconds / messages * 1e6:.2f} us per message", file=out)
+        for label, profile in (("publishing thread", self.main), ("loop thread", self.loop_profile)):
+            if profile is None:
+                continue
+            stats = pstats.Stats(profile)
+            rows = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)  # type: ignore[attr-defined]
+            total = sum(row[2] for _, row in rows)
+            print(f"{label}: {total / messages * 1e6:.2f} us per message in profiled functions", file=out)
+            print(f"  {'own us/msg':>10} {'calls/msg':>9}  function", file=out)
+            for (filename, line, function), (_cc, calls, own, _cum, _callers) in rows[:top]:
+                where = "/".join(filename.split(os.sep)[-2:])
+                print(
+                    f"  {own / messages * 1e6:>10.3f} {calls / messages:>9.3f}  {function} ({where}:{line})",
+                    file=out,
+                )
+
+
+#: Set, every hedgepub client of a run gets ``channel_pool_size`` of this value (children inherit it).
+POOL_SIZE_ENV = "HEDGEPUB_BENCH_CHANNEL_POOL_SIZE"
+
+
+def _hedgepub_client(style: str, batch: int, topic: str, instant: bool) -> Any:
+    from hedgepub import AsyncPublisherClient, BatchSettings, HedgingSettings, PublisherClient
+
+    arguments: dict[str, Any] = {"batch_settings": BatchSettings(max_messages=batch)}
+    if os.environ.get(POOL_SIZE_ENV):
+        arguments["channel_pool_size"] = int(os.environ[POOL_SIZE_ENV])
+    if style == "futures-on":
+        arguments["hedging_settings"] = HedgingSettings(hedge_delay=HEDGE_DELAY)
+    if instant:
+        arguments["transport"] = InstantTransport(topic)
+    return (AsyncPublisherClient if style == "async" else PublisherClient)(**arguments)
+
+
+def _publish_futures(publisher: Any, topic: str, count: int) -> int:
+    publish = publisher.publish
+    futures = [publish(topic, PAYLOAD) for _ in range(count)]
+    return sum(1 for future in futures if future.result())
+
+
+def _publish_callbacks(publisher: Any, topic: str, count: int) -> int:
+    """One ``add_done_callback`` per future, as the official samples do; the callback reads the result."""
+    finished = threading.Event()
+    counter = itertools.count(1)  # next() is atomic: callbacks may run on the loop and on this thread
+    published = itertools.count(1)
+    last = [0]
+
+    def callback(future: Any) -> None:
+        if future.result():
+            last[0] = next(published)
+        if next(counter) == count:
+            finished.set()
+
+    publish = publisher.publish
+    for _ in range(count):
+        publish(topic, PAYLOAD).add_done_callback(callback)
+    finished.wait()
+    return last[0]
+
+
+def _publish_threads(publisher: Any, topic: str, count: int, threads: int) -> int:
+    shares = [count // threads + (index < count % threads) for index in range(threads)]
+    published: list[int] = []
+    workers = [
+        threading.Thread(
+            target=lambda share=share: published.append(_publish_futures(publisher, topic, share))
+        )
+        for share in shares
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sum(published)
+
+
+def _publish_many(publisher: Any, topic: str, count: int, chunk: int) -> int:
+    messages = [PAYLOAD] * chunk
+    calls = [
+        publisher.publish_many(topic, messages[: min(chunk, count - start)])
+        for start in range(0, count, chunk)
+    ]
+    return sum(len(call.result()) for call in calls)
+
+
+def child(options: argparse.Namespace) -> dict[str, Any]:
+    """Run one target once (in this fresh process) and return its figures."""
+    style, batch = split_target(options.child)
+    topic, count = options.topic, options.messages
+    profiler = _Profiler() if options.profile_child else None
+    if style == "raw":
+        return _child_raw(options.address, topic, count, batch, profiler)
+    if style == "official":
+        return _child_official(topic, count, profiler)
+    if style == "async":
+        return _child_async(topic, count, batch, options.no_server, profiler)
+    publisher = _hedgepub_client(style, batch, topic, options.no_server)
+    publish: Callable[[int], int]
+    if style == "callbacks":
+        publish = lambda n: _publish_callbacks(publisher, topic, n)  # noqa: E731
+    elif style == "threads":
+        publish = lambda n: _publish_threads(publisher, topic, n, options.threads)  # noqa: E731
+    elif style == "many":
+        publish = lambda n: _publish_many(publisher, topic, n, options.many_chunk)  # noqa: E731
+    else:
+        publish = lambda n: _publish_futures(publisher, topic, n)  # noqa: E731
+    try:
+        publish(WARM_UP)  # the channel's connection and first calls, outside the measurement
+        loop = publisher._runner.loop
+        if profiler is not None:
+            profiler.start(loop)
+        rate = _measure(lambda: publish(count), count)
+        if profiler is not None:
+            profiler.stop(loop)
+    finally:
+        publisher.shutdown()
+    return {
+        "rate": rate,
+        "cpu_us": last_cpu_us_per_message,
+        "hedges": publisher.stats().hedges_sent,
+        "profiler": profiler,
+    }
+
+
+def _child_async(
+    topic: str, count: int, batch: int, instant: bool, profiler: _Profiler | None
+) -> dict[str, Any]:
+    import asyncio
+
+    async def run() -> dict[str, Any]:
+        publisher = _hedgepub_client("async", batch, topic, instant)
+
+        async def publish_all(n: int) -> int:
+            publish = publisher.publish
+            ids = await asyncio.gather(*(publish(topic, PAYLOAD) for _ in range(n)))
+            return sum(1 for message_id in ids if message_id)
+
+        try:
+            await publish_all(WARM_UP)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            if profiler is not None:
+                profiler.start()
+            published = await publish_all(count)
+            if profiler is not None:
+                profiler.stop()
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        finally:
+            await publisher.shutdown()
+        if published != count:
+            raise RuntimeError(f"published {published} of {count} messages")
+        return {"rate": count / elapsed, "cpu_us": cpu / count * 1e6, "hedges": publisher.stats().hedges_sent}
+
+    figures = asyncio.run(run())
+    figures["profiler"] = profiler
+    return figures
+
+
+def _child_raw(
+    address: str, topic: str, count: int, batch: int, profiler: _Profiler | None
+) -> dict[str, Any]:
+    """Raw gRPC: one ``PublishRequest`` of ``batch`` messages serialized up front, sent ``count // batch``
+    times by :data:`RAW_IN_FLIGHT` concurrent callers (``server_ingest.py``'s)."""
     import asyncio
 
     from server_ingest import build_request, publish_requests
 
-    global last_cpu_us_per_message
     request = build_request(topic, batch, len(PAYLOAD))
-    run = asyncio.run(publish_requests(address, max(1, messages // batch), RAW_IN_FLIGHT, request))
-    if run.messages != max(1, messages // batch) * batch:
-        raise RuntimeError(f"raw gRPC: {run.messages} messages acknowledged of {messages}")
-    last_cpu_us_per_message = run.client_cpu_seconds / run.messages * 1e6
-    return run.messages_per_second
+    requests = max(1, count // batch)
+    asyncio.run(publish_requests(address, max(1, WARM_UP // batch), RAW_IN_FLIGHT, request))  # warm-up
+    if profiler is not None:
+        profiler.start()
+    run = asyncio.run(publish_requests(address, requests, RAW_IN_FLIGHT, request))
+    if profiler is not None:
+        profiler.stop()
+    if run.messages != requests * batch:
+        raise RuntimeError(f"raw gRPC: {run.messages} messages acknowledged of {requests * batch}")
+    return {
+        "rate": run.messages_per_second,
+        "cpu_us": run.client_cpu_seconds / run.messages * 1e6,
+        "hedges": 0,
+        "profiler": profiler,
+    }
 
 
-def run_official(topic: str, messages: int) -> float:
-    """Messages/s of google-cloud-pubsub's PublisherClient (found through PUBSUB_EMULATOR_HOST)."""
+def _child_official(topic: str, count: int, profiler: _Profiler | None) -> dict[str, Any]:
+    """google-cloud-pubsub's PublisherClient (found through PUBSUB_EMULATOR_HOST), futures collected."""
     from google.cloud import pubsub_v1
 
     publisher = pubsub_v1.PublisherClient()
-
-    def publish_all() -> int:
-        publish = publisher.publish
-        futures = [publish(topic, PAYLOAD) for _ in range(messages)]
-        return sum(1 for future in futures if future.result())
-
     try:
-        return _measure(publish_all, messages)
+        _publish_futures(publisher, topic, WARM_UP)
+        if profiler is not None:
+            profiler.start()
+        rate = _measure(lambda: _publish_futures(publisher, topic, count), count)
+        if profiler is not None:
+            profiler.stop()
     finally:
         publisher.stop()
+    return {"rate": rate, "cpu_us": last_cpu_us_per_message, "hedges": 0, "profiler": profiler}
 
 
-#: The --otel variants: (name, OpenTelemetry importable, enabled, SDK providers). "official-sdk" is
-#: google-cloud-pubsub's client with its own tracing on, for reference.
+def run_child(
+    name: str, address: str, topic: str, options: argparse.Namespace, profile: bool = False
+) -> dict[str, Any]:
+    """Run target ``name`` in a fresh Python process; its figures (and, with ``profile``, its report)."""
+    command = [sys.executable, os.path.abspath(__file__), "--child", name, "--topic", topic]
+    command += ["--address", address, "--messages", str(options.messages), "--threads", str(options.threads)]
+    command += ["--many-chunk", str(options.many_chunk)]
+    command += ["--no-server"] if options.no_server else []
+    command += ["--profile-child"] if profile else []
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"target {name} failed (exit {done.returncode}):\n{done.stderr}")
+    *report, last = done.stdout.rstrip("\n").split("\n")
+    figures: dict[str, Any] = json.loads(last)
+    figures["report"] = "\n".join(report)
+    return figures
+
+
+# ---- the parent: rounds, medians, ratios ----------------------------------------------------------------
+
+
 class _Rounds:
-    """Each variant's messages/s and CPU per message, round by round: the variant that goes first rotates
+    """Each target's messages/s and CPU per message, round by round: the target that goes first rotates
     (so none always runs on a cold or a warm machine), and each run prints its line as it ends."""
 
     def __init__(self, names: list[str]) -> None:
@@ -236,7 +458,7 @@ class _Rounds:
         self._cpu: dict[str, list[float]] = {name: [] for name in names}
 
     def order(self, round_number: int) -> list[str]:
-        """The variants in the order they run in round ``round_number``."""
+        """The targets in the order they run in round ``round_number``."""
         shift = round_number % len(self.names)
         return self.names[shift:] + self.names[:shift]
 
@@ -248,12 +470,12 @@ class _Rounds:
         self._cpu[name].append(cpu_us)
         print(
             f"round {round_number + 1} {name:>{self._width}}: {rate:>10,.0f} messages/s  "
-            f"{cpu_us:6.1f} us CPU/message  (load {load_average()})",
+            f"{cpu_us:6.2f} us CPU/message  (load {load_average()})",
             flush=True,
         )
 
     def medians(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Each variant's median messages/s, and its median CPU microseconds per message."""
+        """Each target's median messages/s, and its median CPU microseconds per message."""
         rates = {name: statistics.median(values) for name, values in self._rates.items()}
         cpu = {name: statistics.median(values) for name, values in self._cpu.items()}
         return rates, cpu
@@ -262,10 +484,10 @@ class _Rounds:
         """``median [min-max]`` of ``name``'s messages/s, and of its CPU microseconds per message."""
         from server_ingest import spread
 
-        return spread(self._rates[name]), spread(self._cpu[name], ".1f")
+        return spread(self._rates[name]), spread(self._cpu[name], ".2f")
 
     def ratio_spread(self, first: str, second: str) -> str:
-        """The ratio of two variants' messages/s round by round (they ran in the same rounds), as
+        """The ratio of two targets' messages/s round by round (they ran in the same rounds), as
         ``median of the medians' ratio [min-max of the rounds' ratios]``."""
         ratios = [a / b for a, b in zip(self._rates[first], self._rates[second], strict=True)]
         median = statistics.median(self._rates[first]) / statistics.median(self._rates[second])
@@ -380,27 +602,77 @@ def otel_comparison(
     return 0 if off_ratio >= 0.97 else 1
 
 
+LABELS = {
+    "futures": "sync, futures then result()",
+    "futures-on": "sync, futures, hedging on",
+    "callbacks": "sync, add_done_callback per future",
+    "async": "asyncio, await gather(publish...)",
+    "threads": "sync, {threads} threads share one client",
+    "many": "publish_many, {chunk:,} per call",
+    "raw": f"raw gRPC, pre-built, {RAW_IN_FLIGHT} in flight",
+    "official": "google-cloud-pubsub, futures",
+}
+
+
+def default_targets(large: int, no_server: bool) -> list[str]:
+    """The targets run without ``--targets``: every style at 100 and at ``large`` per request (the
+    official client at its default 100 only); without a server, the hedgepub styles only."""
+    from hedgepub import PublisherClient
+
+    styles = [style for style in STYLES if style != "official"]
+    if not hasattr(PublisherClient, "publish_many"):
+        styles.remove("many")
+    if no_server:
+        styles.remove("raw")
+    names = [f"{style}-{batch}" for batch in (100, large) for style in styles]
+    return names if no_server else [*names, "official-100"]
+
+
+def checks(names: list[str], large: int, threads: int) -> list[tuple[str, str, str, float]]:
+    """The ratios to print and their targets, among those whose targets both ran."""
+    found: list[tuple[str, str, str, float]] = []
+    for batch in (100, large):
+        raw = f"raw-{batch}"
+        for style in ("futures", "futures-on", "callbacks", "async", "threads", "many"):
+            target = 0.9 if style == "many" else (0.85 if batch == 100 else 0.7)
+            found.append((f"{style} / raw gRPC, {batch}", f"{style}-{batch}", raw, target))
+        found.append((f"hedging on / off, {batch}", f"futures-on-{batch}", f"futures-{batch}", 0.97))
+        found.append((f"{threads} threads / 1, {batch}", f"threads-{batch}", f"futures-{batch}", 0.95))
+        found.append((f"publish_many / publish, {batch}", f"many-{batch}", f"futures-{batch}", 0.0))
+    found.append(("hedgepub / official, 100", "futures-100", "official-100", 4.0))
+    return [check for check in found if check[1] in names and check[2] in names]
+
+
+def profile(options: argparse.Namespace, address: str, topic_of: Callable[[str], str]) -> int:
+    """``--profile``: each named target once, under cProfile, in a fresh process."""
+    for name in options.profile:
+        figures = run_child(name, address, topic_of(f"profile-{name}"), options, profile=True)
+        print(
+            f"== {name}: {figures['rate']:,.0f} messages/s under the profiler, "
+            f"{figures['cpu_us']:.2f} us CPU/message"
+        )
+        print(figures["report"], flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print messages/s and ratios; exit status 1 when a target is missed."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--messages", type=int, default=100_000, help="messages per client per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs all three clients)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="also run hedgepub with this many threads sharing one client"
-    )
-    parser.add_argument(
-        "--no-official", action="store_true", help="leave the official client out (thread runs only)"
-    )
-    parser.add_argument("--no-raw", action="store_true", help="leave raw gRPC (and the large batches) out")
-    parser.add_argument(
-        "--large-batch", type=int, default=1000, help="messages per request of the large raw/hedgepub runs"
-    )
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per target per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs every target once)")
+    parser.add_argument("--targets", default=None, help="comma-separated STYLE-BATCH targets (default: all)")
+    parser.add_argument("--threads", type=int, default=8, help="threads sharing one client in 'threads'")
+    parser.add_argument("--many-chunk", type=int, default=1000, help="messages per publish_many call")
+    parser.add_argument("--large-batch", type=int, default=1000, help="the large messages-per-request size")
     parser.add_argument(
         "--no-server",
         action="store_true",
         help="hedgepub only, through a transport that answers at once: the client's own cost",
+    )
+    parser.add_argument(
+        "--profile", action="append", metavar="TARGET", help="profile TARGET (repeatable) instead of rounds"
     )
     parser.add_argument(
         "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
@@ -411,25 +683,31 @@ def main(argv: list[str] | None = None) -> int:
         help="with --otel, the variants to run, comma-separated (without and off always run): "
         + ",".join(name for name, *_ in OTEL_VARIANTS),
     )
+    # The child's side (this script in a fresh process, run by the parent).
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--address", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if options.child:
+        figures = child(options)
+        profiler = figures.pop("profiler", None)
+        if profiler is not None:
+            profiler.report(options.messages, sys.stdout)
+        print(json.dumps(figures), flush=True)
+        return 0
     if options.otel:
         context = multiprocessing.get_context("spawn")
         with local_server() as address:
             variants = options.otel_variants.split(",") if options.otel_variants else None
             return otel_comparison(address, context, options.messages, options.rounds, variants)
-    threaded = options.threads > 1
     large = options.large_batch
-    raw = not (options.no_raw or options.no_server)
-    names = ["off", "on"] + (["off-threads", "on-threads"] if threaded else [])
-    names += [] if options.no_official or options.no_server else ["official"]
-    names += ["raw", f"off-{large}", f"raw-{large}"] if raw else []
-    names += [f"off-{large}"] if options.no_server else []
+    names = options.targets.split(",") if options.targets else default_targets(large, options.no_server)
+    for name in names + (options.profile or []):
+        split_target(name)
 
     from server_ingest import load_average
 
-    load_before = load_average()
-    runs = _Rounds(names)
-    hedges = 0
     with contextlib.ExitStack() as stack:
         if options.no_server:
             address = ""
@@ -440,74 +718,39 @@ def main(argv: list[str] | None = None) -> int:
             def topic_of(name: str) -> str:
                 return create_topic(address, name)
 
-        # Warm-up: imports, channels, server code paths.
-        run_hedgepub(topic_of("warm-up-hedgepub"), 2_000, hedging=False, server=not options.no_server)
-        if "official" in names:
-            run_official(create_topic(address, "warm-up-official"), 2_000)
-        if raw:
-            run_raw(address, create_topic(address, "warm-up-raw"), 2_000, 100)
+        if options.profile:
+            return profile(options, address, topic_of)
+        load_before = load_average()
+        runs = _Rounds(names)
+        hedges = 0
         for round_number in range(options.rounds):
             for name in runs.order(round_number):
-                topic = topic_of(f"round-{round_number}-{name}")
-                if name == "official":
-                    rate = run_official(topic, options.messages)
-                elif name.startswith("raw"):
-                    rate = run_raw(address, topic, options.messages, large if name != "raw" else 100)
-                else:
-                    threads = options.threads if name.endswith("-threads") else 1
-                    rate, sent = run_hedgepub(
-                        topic,
-                        options.messages,
-                        hedging=name.startswith("on"),
-                        threads=threads,
-                        server=not options.no_server,
-                        batch=large if name == f"off-{large}" else 100,
-                    )
-                    hedges += sent
-                runs.record(round_number, name, rate, last_cpu_us_per_message)
+                figures = run_child(name, address, topic_of(f"round-{round_number}-{name}"), options)
+                hedges += figures["hedges"]
+                runs.record(round_number, name, figures["rate"], figures["cpu_us"])
 
     rates, cpus = runs.medians()
     print()
     print(
-        f"{options.messages:,} messages of {len(PAYLOAD)} bytes, {options.rounds} rounds (medians "
-        f"[min-max]); load average {load_before} before, {load_average()} after"
+        f"{options.messages:,} messages of {len(PAYLOAD)} bytes per target, each run in a fresh process, "
+        f"{options.rounds} rounds (medians [min-max]); load average {load_before} before, "
+        f"{load_average()} after"
     )
-    labels = {
-        "off": "hedgepub sync, hedging off",
-        "on": "hedgepub sync, hedging on",
-        "off-threads": f"... {options.threads} threads, hedging off",
-        "on-threads": f"... {options.threads} threads, hedging on",
-        "official": "google-cloud-pubsub",
-        "raw": f"raw gRPC, 100/request, {RAW_IN_FLIGHT} in flight",
-        f"off-{large}": f"hedgepub, {large}/batch, hedging off",
-        f"raw-{large}": f"raw gRPC, {large}/request, {RAW_IN_FLIGHT} in flight",
-    }
     for name in names:
+        style, _batch = split_target(name)
+        label = LABELS[style].format(threads=options.threads, chunk=options.many_chunk)
         rate_text, cpu_text = runs.spreads(name)
-        print(f"{labels[name]:<38}: {rate_text:>28} messages/s  {cpu_text:>18} us CPU/message")
+        print(f"{name:>16}  {label:<42} {rate_text:>30} msg/s  {cpu_text:>20} us CPU/msg")
     print(f"hedges sent: {hedges}")
-
-    checks: list[tuple[str, str, str, float]] = [("hedging on / off", "on", "off", 0.97)]
-    if "official" in names:
-        checks.insert(0, ("hedgepub / official", "off", "official", 4.0))
-    if threaded:
-        checks += [
-            (f"{options.threads} threads / 1, off", "off-threads", "off", 0.95),
-            (f"{options.threads} threads / 1, on", "on-threads", "on", 0.95),
-            (f"{options.threads} threads on / off", "on-threads", "off-threads", 0.97),
-        ]
-    if raw:
-        checks += [
-            ("hedgepub / raw gRPC, 100", "off", "raw", 0.85),
-            (f"hedgepub / raw gRPC, {large}", f"off-{large}", f"raw-{large}", 0.7),
-        ]
     met = True
-    for label, first, second, target in checks:
+    for label, first, second, target in checks(names, large, options.threads):
         value = rates[first] / rates[second]
+        verdict = "" if not target else ("ok" if value >= target else "MISSED")
         met &= value >= target
+        goal = f"(target >= {target:g}x)" if target else ""
         print(
-            f"{label:<38}: {runs.ratio_spread(first, second):>20}  (target >= {target:g}x)  "
-            f"{'ok' if value >= target else 'MISSED'}  by CPU per message: {cpus[second] / cpus[first]:.2f}x"
+            f"{label:<32}: {runs.ratio_spread(first, second):>20}  {goal:<17} {verdict:<6}  "
+            f"by CPU per message: {cpus[second] / cpus[first]:.2f}x"
         )
     return 0 if met else 1
 

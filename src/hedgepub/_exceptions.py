@@ -75,7 +75,7 @@ class RpcError(PublishError, _google.GoogleAPICallError):
         self.code = StatusCode(code)
 
     @property
-    def details(self) -> str:  # type: ignore[override]  # hedgepub's (and gRPC's) meaning: the message
+    def details(self) -> str:
         """The status message (gRPC's ``details()``); the ``google.rpc`` details are ``error_details``."""
         return str(self.message)
 
@@ -100,6 +100,8 @@ class PublishTimeoutError(PublishError, _google.DeadlineExceeded):
 
     Also a ``google.api_core.exceptions.DeadlineExceeded``, as the official client's timeout is.
     """
+
+    code: StatusCode
 
     def __init__(self, message: str, last_error: BaseException | None = None) -> None:
         text = message if last_error is None else f"{message}; last error: {last_error}"
@@ -141,6 +143,25 @@ class ShutdownTimeoutError(PublishError):
     """``shutdown(timeout=...)`` ran out of time before this message was published."""
 
     code = StatusCode.CANCELLED
+
+
+class PublishManyError(PublishError):
+    """Some messages of one ``publish_many`` call failed; the others were published.
+
+    Attributes: ``message_ids``, one entry per message of the call in order: its message ID, or ``None``
+    where it failed; ``errors``, the failed messages' indexes (in the call) mapped to their errors (each a
+    :class:`PublishError`, as ``publish`` would have given). The message says how many failed, and the first.
+    """
+
+    def __init__(self, message_ids: list[str | None], errors: dict[int, BaseException]) -> None:
+        first = min(errors)
+        super().__init__(
+            f"{len(errors)} of the {len(message_ids)} messages of publish_many failed; the first, "
+            f"messages[{first}]: {errors[first]}"
+        )
+        self.message_ids = message_ids
+        self.errors = errors
+        self.code = getattr(errors[first], "code", None)
 
 
 class FlowControlLimitError(HedgepubError):

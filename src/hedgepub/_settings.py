@@ -267,13 +267,14 @@ class FlowControlSettings:
 
 
 def check_hedging(
-    hedging: HedgingSettings | None, retry: RetrySettings, enable_message_ordering: bool
+    hedging: HedgingSettings | None, retry: RetrySettings, enable_message_ordering: bool = False
 ) -> None:
-    """Refuse hedging settings that cannot work with ``retry`` and ordering.
+    """Refuse hedging settings that cannot work with ``retry``.
 
     Raises ``ValueError``, naming both values, when the hedge delay is not strictly shorter than the
-    initial RPC timeout or the total timeout, when an adaptive delay would have no room under half of
-    them, or when hedging is combined with message ordering.
+    initial RPC timeout or the total timeout, or when an adaptive delay would have no room under half of
+    them. ``enable_message_ordering`` is accepted and changes nothing: hedging combines with message
+    ordering, since a batch with an ordering key is never hedged (docs/hedging.md, rule 23).
     """
     if hedging is None:
         return
@@ -292,9 +293,4 @@ def check_hedging(
             f"adaptive_delay needs room between {MIN_ADAPTIVE_DELAY:g} s and half the retry settings' "
             f"initial_rpc_timeout ({retry.initial_rpc_timeout:g} s) and total_timeout "
             f"({retry.total_timeout:g} s): both must be at least {2 * MIN_ADAPTIVE_DELAY:g} s"
-        )
-    if enable_message_ordering:
-        raise ValueError(
-            f"hedging ({hedging!r}) cannot be combined with enable_message_ordering=True: "
-            "hedged copies of a batch could be stored out of order"
         )

@@ -77,7 +77,7 @@ def encode_client_telemetry(hedged_attempt_count: int, publish_start_time: float
     return base64.b64encode(telemetry.SerializeToString()).decode("ascii")
 
 
-def decode_client_telemetry(value: str) -> tuple[int, float | None]:
+def decode_client_telemetry(value: str | bytes) -> tuple[int, float | None]:
     """``(hedged_attempt_count, publish_start_time or None)`` of an ``x-goog-pubsub-client-telemetry``
     value; the start time in seconds since the Unix epoch.
 

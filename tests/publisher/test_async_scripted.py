@@ -275,9 +275,35 @@ async def test_validation_errors() -> None:
     await publisher.shutdown()
 
 
+@virtual_time
+async def test_a_keyed_batch_is_never_hedged_and_leaves_the_bucket_alone() -> None:
+    # Rule 23: one publisher hedges its unkeyed batches and never those with an ordering key.
+    transport = ScriptedTransport()
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=1, refill_ratio=0.2)
+    publisher = client(transport, hedging_settings=hedging, enable_message_ordering=True)
+    for _ in range(5):
+        await publisher.publish(TOPIC, b"warm-up")
+    assert publisher.stats().tokens_available == 1
+    transport.script.append(transport.ok(delay=3.0))
+    started = now()
+    assert await publisher.publish(TOPIC, b"keyed", ordering_key="k") == "5"
+    assert now() - started == pytest.approx(0.01 + 3.0)  # the original alone, answered after 3 s
+    stats = publisher.stats()
+    assert (stats.attempts_sent, stats.hedges_sent, stats.hedges_skipped) == (6, 0, 0)
+    assert (stats.unhedged_keyed_batches, stats.tokens_available) == (1, 1)  # not spent, not refilled
+    transport.script.extend([transport.ok(delay=3.0), transport.ok(delay=0.02)])
+    assert await publisher.publish(TOPIC, b"unkeyed") == "6"
+    original, hedge = transport.calls[-2:]
+    assert [
+        decode_client_telemetry(call.metadata[CLIENT_TELEMETRY_KEY])[0] for call in (original, hedge)
+    ] == [0, 1]
+    stats = publisher.stats()
+    assert (stats.hedges_sent, stats.hedges_won, stats.unhedged_keyed_batches) == (1, 1, 1)
+    assert stats.tokens_available == pytest.approx(0.2)  # spent one, refilled once
+    await publisher.shutdown()
+
+
 def test_construction_refuses_hedging_that_cannot_work() -> None:
-    with pytest.raises(ValueError, match="ordering"):
-        AsyncPublisherClient(hedging_settings=HedgingSettings(), enable_message_ordering=True)
     with pytest.raises(ValueError, match="initial_rpc_timeout"):
         AsyncPublisherClient(
             hedging_settings=HedgingSettings(hedge_delay=2),

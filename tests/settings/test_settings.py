@@ -225,9 +225,10 @@ def test_delay_equal_to_total_timeout_is_refused() -> None:
     assert "hedge_delay (2 s)" in str(raised.value) and "total_timeout (2 s)" in str(raised.value)
 
 
-def test_hedging_with_message_ordering_is_refused() -> None:
-    with pytest.raises(ValueError, match="enable_message_ordering"):
-        check_hedging(HedgingSettings(), RetrySettings(), enable_message_ordering=True)
+def test_hedging_with_message_ordering_is_accepted() -> None:
+    # Keyed batches are never hedged (rule 23), so the two combine.
+    check_hedging(HedgingSettings(), RetrySettings(), enable_message_ordering=True)
+    check_hedging(HedgingSettings(), RetrySettings())
 
 
 # The adaptive delay.

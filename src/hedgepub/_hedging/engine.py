@@ -46,9 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock, TimerHandle
 from hedgepub._exceptions import PublishError, PublishTimeoutError, ResponseMismatchError, RpcError
@@ -341,7 +343,7 @@ class HedgingCore:
         # Rule 2: hedge points at t0 + k * hedge_delay, only before the deadline.
         if self.hedging is None:
             return []
-        at = self.t0 + k * self.hedge_delay  # type: ignore[operator]
+        at = self.t0 + k * self.hedge_delay  # type: ignore[operator]  # set whenever hedging is
         if at >= self.deadline:
             return []
         return [StartTimer(Timer(TimerKind.HEDGE, k), at - now)]
@@ -445,7 +447,7 @@ async def run_batch(
     return await _Driver(attempt, clock, core).run()
 
 
-def _forget_result(task: asyncio.Future[object]) -> None:
+def _forget_result(task: asyncio.Future[Any]) -> None:
     # A cancelled loser may still finish with an error; reading it keeps asyncio from logging
     # "exception was never retrieved" for an attempt nobody waits for any more.
     if not task.cancelled():
@@ -502,17 +504,15 @@ class _Driver:
             if isinstance(action, SendAttempt):
                 task = asyncio.ensure_future(self._call(action.attempt_number, action.timeout))
                 self._tasks[action.attempt_id] = task
-                task.add_done_callback(
-                    lambda done, attempt_id=action.attempt_id: self._finished(attempt_id, done)
-                )
+                task.add_done_callback(functools.partial(self._finished, action.attempt_id))
             elif isinstance(action, StartTimer):
                 self._due[action.timer] = now + action.delay
             elif isinstance(action, CancelTimer):
                 self._due.pop(action.timer, None)
             elif isinstance(action, CancelAttempt):
-                task = self._tasks.pop(action.attempt_id, None)
-                if task is not None:
-                    task.cancel()
+                running = self._tasks.pop(action.attempt_id, None)
+                if running is not None:
+                    running.cancel()
             else:
                 self._stop_everything()
                 if not self._outcome.done():

@@ -82,7 +82,7 @@ def _retryable_codes(predicate: Any) -> frozenset[StatusCode]:
     Types that no gRPC status raises (HTTP connection errors) cannot occur here and add nothing.
     """
     qualname = getattr(predicate, "__qualname__", "")
-    closure = getattr(predicate, "__closure__", None) or ()
+    closure: tuple[Any, ...] = getattr(predicate, "__closure__", None) or ()
     if not (qualname.startswith("if_exception_type.") and len(closure) == 1):
         raise ValueError(
             f"publisher_options.retry has a custom predicate ({predicate!r}) that hedgepub cannot read; "

@@ -42,6 +42,24 @@ def max_ms(histogram: HdrHistogram) -> float:
 
 
 @dataclass(frozen=True)
+class ConnectionStats:
+    """What one connection of an endpoint's pool did (a snapshot; see ``EndpointStats.connections``).
+
+    Attributes:
+        attempts_sent: Publish RPCs sent on it (on every connection it replaced too).
+        attempts_in_flight: attempts on it not answered yet, now.
+        state: ``"warm"`` (takes attempts) or ``"silent"`` (nothing came back in time: takes no new
+            attempt while another connection is warm, probed, replaced if it stays silent).
+        replacements: how many times it was replaced by a new connection after staying silent.
+    """
+
+    attempts_sent: int = 0
+    attempts_in_flight: int = 0
+    state: str = "warm"
+    replacements: int = 0
+
+
+@dataclass(frozen=True)
 class EndpointStats:
     """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
 
@@ -57,6 +75,7 @@ class EndpointStats:
         reachable: False while its latest attempts failed without reaching it (connection refused, no
             route, a silent host), True otherwise (also before the first attempt).
         last_error: the latest failed attempt's error there, as text (None before any failed).
+        connections: each connection of its pool (``channel_pool_size`` of them once it is opened).
     """
 
     attempts_sent: int = 0
@@ -70,6 +89,7 @@ class EndpointStats:
     attempts_in_flight: int = 0
     reachable: bool = True
     last_error: str | None = None
+    connections: tuple[ConnectionStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,10 +108,12 @@ class PublisherStats:
         hedges_sent: hedged attempts sent.
         hedges_won: batches whose winning attempt was a hedge.
         hedges_skipped: hedge points where no token was available.
+        unhedged_keyed_batches: batches left unhedged because they carry an ordering key (a hedging
+            publisher never hedges those, docs/hedging.md rule 23; 0 when hedging is off).
         tokens_available: tokens now in the hedging buckets of every topic together (0.0 when hedging
             is off); each topic has a bucket of its own, see ``tokens_by_topic``.
-        tokens_by_topic: tokens now in each topic's hedging bucket, for every topic that has sent a
-            batch (empty when hedging is off).
+        tokens_by_topic: tokens now in each topic's hedging bucket, for every topic that has sent an
+            unkeyed batch (empty when hedging is off).
         hedge_delay_ms: the hedge delay now, in milliseconds: the fixed ``hedge_delay``, or with
             ``adaptive_delay`` the one the latest batch was given (0.0 when hedging is off).
         p50_ms, p90_ms, p99_ms, p999_ms, max_ms: batch publish latency, from the first attempt sent
@@ -107,6 +129,7 @@ class PublisherStats:
     hedges_sent: int = 0
     hedges_won: int = 0
     hedges_skipped: int = 0
+    unhedged_keyed_batches: int = 0
     tokens_available: float = 0.0
     tokens_by_topic: Mapping[str, float] = field(default_factory=dict)
     hedge_delay_ms: float = 0.0
@@ -120,9 +143,13 @@ class PublisherStats:
 
 
 class StatsRecorder:
-    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread."""
+    """Collects the counters behind :class:`PublisherStats`; safe to read from any thread.
 
-    def __init__(self) -> None:
+    ``hedging`` says whether the publisher hedges (so that its keyed batches count as left unhedged).
+    """
+
+    def __init__(self, *, hedging: bool = False) -> None:
+        self._hedging = hedging
         self._lock = threading.Lock()
         self._histogram = latency_histogram()
         self.messages_published = 0
@@ -132,6 +159,7 @@ class StatsRecorder:
         self.hedges_sent = 0
         self.hedges_won = 0
         self.hedges_skipped = 0
+        self.unhedged_keyed_batches = 0
 
     def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
         """Count one finished batch (a :class:`~hedgepub._publisher.observer.BatchObserver`): as its
@@ -151,6 +179,8 @@ class StatsRecorder:
             self.hedges_sent += outcome.hedges_sent
             self.hedges_won += int(outcome.hedge_won)
             self.hedges_skipped += outcome.hedges_skipped
+            if self._hedging and batch.ordering_key:
+                self.unhedged_keyed_batches += 1
             self._histogram.record_value(micros)
 
     def record_failed(self, messages: int) -> None:
@@ -178,6 +208,7 @@ class StatsRecorder:
                 hedges_sent=self.hedges_sent,
                 hedges_won=self.hedges_won,
                 hedges_skipped=self.hedges_skipped,
+                unhedged_keyed_batches=self.unhedged_keyed_batches,
                 tokens_available=tokens_available,
                 tokens_by_topic=tokens_by_topic if tokens_by_topic is not None else {},
                 hedge_delay_ms=hedge_delay * 1000.0,

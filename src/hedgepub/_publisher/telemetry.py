@@ -335,7 +335,9 @@ class PublisherTelemetry:
         ended: list[tuple[int, trace.Span]] = []
         with self._lock:
             for index, span in enumerate(spans):
-                if span is not None and self._open.pop(format(span.get_span_context().span_id, "016x"), None):
+                if span is not None and self._open.pop(
+                    format(span.get_span_context().span_id, "016x"), False
+                ):
                     ended.append((index, span))
         for index, span in ended:
             span.add_event("publish end")
@@ -432,7 +434,7 @@ class PublisherTelemetry:
 def _error_of(future: Any) -> BaseException | None:
     if future.cancelled():
         return PublishError("the publish future was cancelled")
-    return future.exception()  # type: ignore[no-any-return]
+    return future.exception()
 
 
 # The gauges are created once per meter and read every live client's state, since an instrument name can

@@ -156,10 +156,11 @@ class _LatencySource:
             )
         self.model = model
         if model == "trace":
-            assert samples.sent_at_s is not None
-            order = sorted(range(len(latencies)), key=lambda i: samples.sent_at_s[i])  # type: ignore[index]
-            first = samples.sent_at_s[order[0]]
-            self.arrivals = [samples.sent_at_s[i] - first for i in order]
+            sent_at = samples.sent_at_s
+            assert sent_at is not None
+            order = sorted(range(len(latencies)), key=lambda i: sent_at[i])
+            first = sent_at[order[0]]
+            self.arrivals = [sent_at[i] - first for i in order]
             self.originals = [latencies[i] for i in order]
         else:
             self.originals = latencies[:]

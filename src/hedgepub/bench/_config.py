@@ -172,6 +172,7 @@ class BenchConfig:
                     refill_ratio=self.refill_ratio,
                     adaptive_delay=AdaptiveDelay(percentile=percentile),
                 )
+                # adaptive_delay: the one just given
                 name = ADAPTIVE if delay == "auto" else f"{ADAPTIVE}-p{hedging.adaptive_delay.percentile:g}"  # type: ignore[union-attr]
                 specs.append(PublisherSpec(name, hedging))
                 continue

@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import os
 import platform
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -250,7 +251,7 @@ async def _measure(
     except asyncio.CancelledError:
         # Ctrl-C: keep what was measured; the publishes still in flight are not waited for
         current = asyncio.current_task()
-        if current is not None:
+        if current is not None and sys.version_info >= (3, 11):  # 3.10's tasks count no cancellations
             current.uncancel()
         for task in tasks:
             task.cancel()
@@ -370,7 +371,7 @@ async def check_reachable(endpoint: str | None, timeout: float) -> None:
             f"no Pub/Sub server answers at {endpoint or target.target} (no connection within {timeout:g} s)",
         ) from None
     finally:
-        await channel.close()
+        await channel.close(None)  # no grace: calls still running are cancelled
 
 
 async def run_remote_bench(
@@ -451,7 +452,7 @@ async def _run(
             warmup_done = await _warm_up(clients, topics, config, progress)
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if current is not None:
+            if current is not None and sys.version_info >= (3, 11):  # 3.10's tasks count no cancellations
                 current.uncancel()
             raise BenchInterrupted("interrupted during the warm-up: nothing was measured") from None
         if servers is not None and rule is not None:

@@ -155,7 +155,7 @@ def _percentile_table(
         [(label, percentile / 100.0, "0.25") for _, percentile, label in PERCENTILES]
     ]
     for name, entry in results.items():
-        column = [(name, None, colours[name])]
+        column: list[tuple[str, float | None, str]] = [(name, None, colours[name])]
         for key, percentile, _ in PERCENTILES:
             value = entry.get(f"{key}_ms")
             column.append((f"{format_ms(value)} ms", percentile / 100.0, colours[name]))

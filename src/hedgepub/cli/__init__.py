@@ -77,7 +77,7 @@ def _accept_verbosity(command: click.Command) -> click.Command:
                 help=_VERBOSE_HELP,
             )
         )
-        command._hedgepub_verbosity = True  # type: ignore[attr-defined]
+        command._hedgepub_verbosity = True  # type: ignore[attr-defined]  # our mark on click's object
     if isinstance(command, click.Group):
         for sub_command in command.commands.values():
             _accept_verbosity(sub_command)

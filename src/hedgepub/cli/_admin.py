@@ -254,7 +254,7 @@ def _connection_options(command: _Command) -> _Command:
     wrapped: Any = with_target
     for option in reversed(options):
         wrapped = option(wrapped)
-    return wrapped  # type: ignore[no-any-return]
+    return wrapped
 
 
 @contextlib.contextmanager
@@ -275,6 +275,7 @@ def _errors_to_exit_codes(target: _Target, what: str = "") -> Iterator[None]:
         else:
             message = str(error)
         click.echo(f"error: {message}", err=True)
+        # A code of None (no status) is not a key: EXIT_FAILED.
         raise click.exceptions.Exit(_EXIT_BY_CODE.get(code, EXIT_FAILED)) from None  # type: ignore[arg-type]
 
 

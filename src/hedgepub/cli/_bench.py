@@ -312,7 +312,7 @@ def bench(
             messages=messages,
             rate=rate,
             mix=mix,
-            hedge_delays=hedge_delays,  # type: ignore[arg-type]  # floats and "auto", as parsed
+            hedge_delays=hedge_delays,
             max_tokens=max_tokens,
             refill_ratio=refill_ratio,
             seed=seed,

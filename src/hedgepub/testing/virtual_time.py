@@ -48,7 +48,7 @@ T = TypeVar("T")
 __all__ = ["VirtualTimeLoop", "run_virtual", "virtual_time"]
 
 
-class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _VirtualSelector(selectors.DefaultSelector):
     """The platform selector, except that a wait with a timeout becomes a jump of virtual time."""
 
     def __init__(self) -> None:
@@ -88,7 +88,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """The virtual time, in seconds."""
         return self._virtual_now
 
-    def call_at(
+    # The base's signature, typed loosely: typeshed's uses TypeVarTuple, which needs Python 3.11.
+    def call_at(  # type: ignore[override]
         self, when: float, callback: Callable[..., object], *args: Any, context: Any = None
     ) -> asyncio.TimerHandle:
         """Schedule ``callback`` at virtual time ``when`` (``call_later`` comes through here too)."""

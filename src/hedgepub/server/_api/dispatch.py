@@ -38,7 +38,7 @@ _GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
 class Servicer(Protocol):
     """What the handlers call: a coroutine per RPC, named as the method, and the permission check."""
 
-    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """Raise a ServiceError unless the caller may call ``method`` with ``request``."""
 
 
@@ -71,7 +71,7 @@ def _status_details(error: ServiceError) -> tuple[tuple[str, bytes], ...]:
     return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], method: str, error: Exception) -> None:
     """End a call that failed: a ServiceError's status and message, or INTERNAL (and the log) for a bug."""
     if isinstance(error, ServiceError):
         await context.abort(_grpc_code(error.code), error.message, _status_details(error))
@@ -88,7 +88,7 @@ def _unary(servicer: Servicer, rpc: Rpc) -> Callable[..., Awaitable[Any]]:
     authorize = servicer.authorize
     name = rpc.request_class.DESCRIPTOR.name
 
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if request is MALFORMED:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"The request could not be parsed as a {name}."
@@ -106,7 +106,9 @@ def _streaming(servicer: Servicer, rpc: Rpc) -> Callable[..., AsyncIterator[Any]
     method = rpc.name
     behavior = getattr(servicer, method)
 
-    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def handle(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         # The servicer authorizes with the first request, which only it reads.
         try:
             async for response in behavior(requests, context):
@@ -117,13 +119,13 @@ def _streaming(servicer: Servicer, rpc: Rpc) -> Callable[..., AsyncIterator[Any]
     return handle
 
 
-class _Unimplemented(grpc.GenericRpcHandler):
+class _Unimplemented(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in the stubs only
     """Answers any method nobody else serves with UNIMPLEMENTED and a message naming it."""
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
         method = handler_call_details.method
 
-        async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        async def refuse(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"Method {method} is not implemented by the hedgepub local Pub/Sub server.",
@@ -132,10 +134,10 @@ class _Unimplemented(grpc.GenericRpcHandler):
         return grpc.stream_stream_rpc_method_handler(refuse)
 
 
-def generic_handlers(servicer: Servicer) -> list[grpc.GenericRpcHandler]:
+def generic_handlers(servicer: Servicer) -> list[grpc.GenericRpcHandler[Any, Any]]:
     """The generic handlers of every RPC to add to a ``grpc.aio`` server, the UNIMPLEMENTED catch-all
     last. A method the servicer has no coroutine for falls through to the catch-all."""
-    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler[Any, Any]]] = {}
     for rpc in RPCS.values():
         if not hasattr(servicer, rpc.name):
             continue
@@ -146,7 +148,7 @@ def generic_handlers(servicer: Servicer) -> list[grpc.GenericRpcHandler]:
             response_serializer=rpc.response_class.SerializeToString,
         )
         by_service.setdefault(rpc.service, {})[rpc.name] = handler
-    handlers: list[grpc.GenericRpcHandler] = [
+    handlers: list[grpc.GenericRpcHandler[Any, Any]] = [
         grpc.method_handlers_generic_handler(service, methods) for service, methods in by_service.items()
     ]
     handlers.append(_Unimplemented())

@@ -76,7 +76,7 @@ class PubSubServicer:
         #: Reads and counts each Publish call's x-goog-pubsub-client-telemetry header.
         self.hedge_telemetry = hedge_telemetry if hedge_telemetry is not None else HedgeTelemetry()
 
-    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def authorize(self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         """The one place an RPC's permission is checked (no-op unless an enforcing authorizer is set)."""
         if not self._enforcing:
             return

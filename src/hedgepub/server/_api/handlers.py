@@ -21,7 +21,7 @@ __all__ = ["as_async_iterator", "behavior_of", "rebuilt", "unimplemented_handler
 
 
 # The gRPC handler constructors by (request_streaming, response_streaming).
-_HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+_HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (False, True): grpc.unary_stream_rpc_method_handler,
     (True, False): grpc.stream_unary_rpc_method_handler,
@@ -29,14 +29,17 @@ _HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandl
 }
 
 
-def behavior_of(handler: grpc.RpcMethodHandler) -> Callable[..., Any]:
+def behavior_of(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]:
     """The function a handler calls: the one of its four that fits its streaming kinds."""
+    # The one of the four that fits is set (the stubs type each as optional).
     if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[return-value]
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[return-value]
 
 
-def rebuilt(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+def rebuilt(
+    handler: grpc.RpcMethodHandler[Any, Any], behavior: Callable[..., Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same streaming kinds and (de)serializers as ``handler`` that calls ``behavior``."""
     factory = _HANDLER_FACTORIES[(handler.request_streaming, handler.response_streaming)]
     return factory(
@@ -60,15 +63,17 @@ async def as_async_iterator(responses: Any) -> AsyncIterator[Any]:
             yield response
 
 
-def unimplemented_handler(name: str) -> grpc.RpcMethodHandler:
+def unimplemented_handler(name: str) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler that answers the method ``name`` (short name) with UNIMPLEMENTED."""
 
-    async def unimplemented(request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def unimplemented(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
 
     if name in STREAMING:
 
-        async def unimplemented_stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        async def unimplemented_stream(
+            request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {name} is not implemented")
 
         return grpc.stream_stream_rpc_method_handler(unimplemented_stream)

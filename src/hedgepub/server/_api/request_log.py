@@ -9,6 +9,7 @@ Off (the default), it costs the interceptor one level check per call, and no han
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import grpc.aio
 
@@ -21,7 +22,7 @@ __all__ = ["REQUEST_LOG", "call_peer", "log_request"]
 REQUEST_LOG = logging.getLogger("hedgepub.server.requests")
 
 
-def log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) -> None:
+def log_request(name: str, context: grpc.aio.ServicerContext[Any, Any], seconds: float) -> None:
     """Log the call of method ``name`` (short name) that took ``seconds``, with its status and peer."""
     code = context.code()
     status = "OK" if code is None else getattr(code, "name", str(code))
@@ -35,9 +36,9 @@ def log_request(name: str, context: grpc.aio.ServicerContext, seconds: float) ->
     REQUEST_LOG.debug("%s %s %.1f ms (peer %s%s)", name, status, seconds * 1e3, call_peer(context), attempt)
 
 
-def call_peer(context: grpc.aio.ServicerContext) -> str:
+def call_peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """Who made the call: a REST call's HTTP client, a relayed gRPC call's client, or the peer itself."""
     for key, value in context.invocation_metadata() or ():
-        if key == REST_CLIENT_METADATA:
+        if key == REST_CLIENT_METADATA and isinstance(value, str):  # a text key: always str
             return f"{value} over REST"
     return client_peer(context.peer())

@@ -71,13 +71,13 @@ class RestGateway:
     def __init__(self, grpc_target: str, options: Iterable[tuple[str, Any]] = ()) -> None:
         self._channel = grpc.aio.insecure_channel(grpc_target, options=tuple(options))
         self._table = RouteTable(routes())
-        self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
 
     async def close(self) -> None:
         """Close the channel to the gRPC face."""
-        await self._channel.close()
+        await self._channel.close(None)  # no grace: calls still running are cancelled
 
-    def _callable(self, route: Route) -> grpc.aio.UnaryUnaryMultiCallable:
+    def _callable(self, route: Route) -> grpc.aio.UnaryUnaryMultiCallable[Any, Any]:
         found = self._callables.get(route.grpc_method)
         if found is None:
             found = self._callables[route.grpc_method] = self._channel.unary_unary(
@@ -124,7 +124,8 @@ class RestGateway:
         except RestError as error:
             return http_status(error.code), _error_json(error.code, error.message)
         except grpc.aio.AioRpcError as error:
-            details = status_details(error.trailing_metadata())
+            # grpc-stubs types AioRpcError's trailing metadata as objects; they are (key, value) pairs.
+            details = status_details(error.trailing_metadata())  # type: ignore[arg-type]
             return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
         return 200, to_json(response)
 
@@ -148,7 +149,8 @@ class RestGateway:
         try:
             code, payload = await transforms_rest.answer(method, body, fetch)
         except grpc.aio.AioRpcError as error:
-            details = status_details(error.trailing_metadata())
+            # grpc-stubs types AioRpcError's trailing metadata as objects; they are (key, value) pairs.
+            details = status_details(error.trailing_metadata())  # type: ignore[arg-type]
             return http_status(error.code()), _error_json(error.code(), error.details() or "", details)
         if code != grpc.StatusCode.OK:
             return http_status(code), _error_json(code, str(payload))
@@ -227,11 +229,11 @@ def http_protocol_factory(
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         try:
-            async with asyncio.timeout(BODY_TIMEOUT_SECONDS):
-                body = await request.read()
+            # wait_for, not asyncio.timeout: that is Python 3.11's, and 3.10 is supported.
+            body = await asyncio.wait_for(request.read(), BODY_TIMEOUT_SECONDS)
         except web.HTTPRequestEntityTooLarge:
             return _too_large()
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             message = f"The request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s."
             payload = error_body(grpc.StatusCode.DEADLINE_EXCEEDED, message)
             payload["error"]["code"] = 408
@@ -339,7 +341,7 @@ def _too_large() -> Any:
 def _rest_server_classes() -> tuple[Any, Any]:
     from aiohttp import web, web_protocol
 
-    class RestProtocol(web_protocol.RequestHandler):  # type: ignore[misc]
+    class RestProtocol(web_protocol.RequestHandler):
         """aiohttp's HTTP/1.1 protocol with a time limit on each request's head (aiohttp has none): from
         the first byte of a request until its head is parsed, at most :data:`HEAD_TIMEOUT_SECONDS`, or the
         connection is closed (a client trickling a header a byte at a time holds nothing for long)."""
@@ -375,7 +377,7 @@ def _rest_server_classes() -> tuple[Any, Any]:
                 self._head_timer = None
             super().connection_lost(exc)
 
-    class RestServer(web.Server):  # type: ignore[misc]
+    class RestServer(web.Server):
         """aiohttp's low-level server making :class:`RestProtocol` protocols."""
 
         def __call__(self) -> Any:

@@ -284,7 +284,8 @@ def _is_repeated(field: descriptor.FieldDescriptor) -> bool:
     is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6; older releases only have label
     if is_repeated is not None:
         return bool(is_repeated)
-    return bool(field.label == descriptor.FieldDescriptor.LABEL_REPEATED)
+    # protobuf < 6 (whose FieldDescriptor the current stubs no longer describe)
+    return bool(field.label == descriptor.FieldDescriptor.LABEL_REPEATED)  # type: ignore[attr-defined]
 
 
 def _set_path_field(request: Message, path: str, value: str) -> None:
@@ -310,7 +311,8 @@ def _parse_json(text: bytes, message: Message) -> None:
             f"Invalid JSON payload received. Expected an object, got {type(document).__name__}: "
             f"{text[:40].decode('utf-8', 'replace')!r}.",
         )
-    _check_base64(document, message.DESCRIPTOR)
+    # The stubs allow upb's descriptor class too, which has the same fields.
+    _check_base64(document, typing.cast(descriptor.Descriptor, message.DESCRIPTOR))
     try:
         json_format.ParseDict(document, message)
     except (json_format.ParseError, RecursionError, TypeError, ValueError) as error:

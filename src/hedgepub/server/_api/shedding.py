@@ -27,7 +27,7 @@ MAX_CALLS_IN_PROGRESS = 50_000
 _CACHED_HANDLERS = 256
 
 
-class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
     """Counts the calls in progress and refuses, UNAVAILABLE, those past :data:`MAX_CALLS_IN_PROGRESS`."""
 
     def __init__(self, limit: int | None = None) -> None:
@@ -37,13 +37,13 @@ class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.shed = 0
         #: The counting handler of each method's handler, made once: a method's handler is the same
         #: object for every call, and wrapping it anew per call cost a Publish several microseconds.
-        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[int, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         """The call's handler, counted while it runs (or one that refuses it)."""
         handler = await continuation(handler_call_details)
         if handler is None:
@@ -57,7 +57,7 @@ class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped
 
-    def _counting(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _counting(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         """``handler`` counted while it runs, or refusing the call past the bound."""
         behavior = behavior_of(handler)
         shedder = self
@@ -72,7 +72,9 @@ class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         if handler.response_streaming and not inspect.iscoroutinefunction(behavior):
 
-            async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def streaming(
+                request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
                 refusal = admit()
                 if refusal is not None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
@@ -85,7 +87,7 @@ class LoadShedder(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return rebuilt(handler, streaming)
 
         # A unary answer, or a streaming one written with context.write() (the behavior returns nothing).
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             refusal = admit()
             if refusal is not None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)

@@ -59,7 +59,7 @@ __all__ = ["FaultInjector"]
 _log = logging.getLogger(__name__)
 
 
-class FaultInjector(grpc.aio.ServerInterceptor):
+class FaultInjector(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
     """A server's fault rules, applied to its calls as its one gRPC interceptor.
 
     ``FaultInjector({"Publish": FaultRule(latency="95%:5ms,5%:300ms")}, seed=7)``; pass it to
@@ -179,9 +179,9 @@ class FaultInjector(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         """Wrap the handler of a call that meets a rule; return it unchanged otherwise."""
         handler = await continuation(handler_call_details)
         path = handler_call_details.method
@@ -200,19 +200,20 @@ class FaultInjector(grpc.aio.ServerInterceptor):
         return self._wrap(handler, short_name(path), rule, log_requests)
 
     def _wrap(
-        self, handler: grpc.RpcMethodHandler, name: str, rule: FaultRule | None, log_requests: bool
-    ) -> grpc.RpcMethodHandler:
+        self, handler: grpc.RpcMethodHandler[Any, Any], name: str, rule: FaultRule | None, log_requests: bool
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         behavior = behavior_of(handler)
         inject = self._inject
 
-        async def before(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        async def before(request_or_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
             if rule is not None:
                 await inject(name, rule, context)
 
+        wrapped: Callable[..., Any]
         if handler.response_streaming:
             if inspect.iscoroutinefunction(behavior):
                 # The handler writes with context.write() and returns nothing.
-                async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> None:
+                async def writes(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
                     started = self._clock.now()
                     try:
                         await before(request, context)
@@ -221,9 +222,12 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                         if log_requests:
                             log_request(name, context, self._clock.now() - started)
 
+                wrapped = writes
             else:
 
-                async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # type: ignore[misc]
+                async def streams(
+                    request: Any, context: grpc.aio.ServicerContext[Any, Any]
+                ) -> AsyncIterator[Any]:
                     started = self._clock.now()
                     try:
                         await before(request, context)
@@ -233,9 +237,11 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                         if log_requests:
                             log_request(name, context, self._clock.now() - started)
 
+                wrapped = streams
+
         else:
 
-            async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:  # type: ignore[misc]
+            async def answers(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 started = self._clock.now()
                 try:
                     await before(request, context)
@@ -247,9 +253,10 @@ class FaultInjector(grpc.aio.ServerInterceptor):
                     if log_requests:
                         log_request(name, context, self._clock.now() - started)
 
+            wrapped = answers
         return rebuilt(handler, wrapped)
 
-    async def _inject(self, name: str, rule: FaultRule, context: grpc.aio.ServicerContext) -> None:
+    async def _inject(self, name: str, rule: FaultRule, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         with self._lock:
             counts = self._counts.get(name)
             if counts is None:

@@ -144,7 +144,7 @@ class OnePortFront:
         self._relay = relay
         self._relay_cpu = relay_cpu
         self._listeners: list[socket.socket] = []
-        self._grpc_family = socket.AF_INET
+        self._grpc_family: int = socket.AF_INET
         self._grpc_address: Any = None
         self._http_protocol_factory: Callable[[], Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

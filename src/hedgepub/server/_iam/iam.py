@@ -562,12 +562,12 @@ class IamEnforcer:
             policy = self._policy_of(resource.partition("@")[0])
             if policy is not None:
                 applicable = TESTABLE_PERMISSIONS.get(_collection(resource), frozenset())
-                for role, members in _bindings(policy):
+                for role, bound in _bindings(policy):
                     # Unknown roles grant nothing (SetIamPolicy refuses them while enforcing, but a policy
                     # stored while enforcement was off may hold any role).
                     role_permissions = ROLE_PERMISSIONS.get(role, frozenset()) & applicable
                     if role_permissions and any(
-                        self._matches(_normalize_member(member), principals) for member in members
+                        self._matches(_normalize_member(member), principals) for member in bound
                     ):
                         held |= role_permissions
         return held

@@ -178,11 +178,12 @@ class PubSubCore:
         """Expiration: record that ``name`` is active now; one store write per loop step for all. The
         future returned ends once the record is written (or failed to be: that is logged, not raised)."""
         due = self._activity_due
-        if not due:
-            self._activity_written = asyncio.get_running_loop().create_future()
-            self._spawn(self._write_activity(self._activity_written))
+        written = self._activity_written
+        if not due or written is None:
+            written = self._activity_written = asyncio.get_running_loop().create_future()
+            self._spawn(self._write_activity(written))
         due[name] = self.wall_clock_ns()
-        return asyncio.shield(self._activity_written)
+        return asyncio.shield(written)
 
     async def _write_activity(self, written: asyncio.Future[None]) -> None:
         due, self._activity_due = self._activity_due, {}
@@ -561,4 +562,5 @@ class PubSubCore:
         state = self._subscriptions.get(name)
         if state is None or state.config.topic not in self._topics:
             return None
-        return state.config.topic
+        topic: str = state.config.topic
+        return topic

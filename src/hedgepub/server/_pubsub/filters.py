@@ -236,7 +236,8 @@ def _describe(text: str, error: lark.exceptions.UnexpectedInput) -> ServiceError
             return _syntax_error(text, column, f"{found}: the operators AND, OR and NOT are upper case")
         return _syntax_error(text, column, f"{found}; expected {_words(expected)}")
     if isinstance(error, lark.exceptions.UnexpectedCharacters):
-        character = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        position = error.pos_in_stream
+        character = text[position] if position is not None and position < len(text) else ""
         if character in "\"'":
             return _syntax_error(text, column, "a string literal is not closed")
         return _syntax_error(text, column, f"unexpected character {character!r}; expected {_words(expected)}")

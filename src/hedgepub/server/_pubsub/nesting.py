@@ -95,7 +95,7 @@ def avro_is_recursive(schema: Any) -> bool:
             return
         kind = node.get("type")
         if kind in ("record", "error", "enum", "fixed") and isinstance(node.get("name"), str):
-            inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+            inner = _namespace_of(node, namespace)
             name = _full_name(node["name"], inner)
             inner = name.rpartition(".")[0]
             if kind in ("record", "error"):
@@ -119,6 +119,12 @@ def _full_name(name: str, namespace: str) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
+def _namespace_of(node: dict[str, Any], enclosing: str) -> str:
+    """A named type's own namespace, or the enclosing one where it names none (or not as text)."""
+    own = node.get("namespace")
+    return own if isinstance(own, str) else enclosing
+
+
 def _avro_types(schema: Any) -> Iterator[tuple[Any, str]]:
     """Every type of a parsed Avro schema in a type's place (unions as lists, and records, enums, fixed,
     arrays, maps and annotated types as dicts), depth first in order, each with the namespace around it.
@@ -137,7 +143,7 @@ def _avro_types(schema: Any) -> Iterator[tuple[Any, str]]:
         yield node, namespace
         kind = node.get("type")
         if kind in ("record", "error", "enum", "fixed") and isinstance(node.get("name"), str):
-            inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+            inner = _namespace_of(node, namespace)
             inner = _full_name(node["name"], inner).rpartition(".")[0]
             for item in node.get("fields") or ():
                 if isinstance(item, dict):
@@ -165,7 +171,7 @@ def _avro_named_types(schema: Any) -> dict[str, Any]:
         if isinstance(node, dict) and node.get("type") in ("record", "error", "enum", "fixed"):
             name = node.get("name")
             if isinstance(name, str):
-                inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+                inner = _namespace_of(node, namespace)
                 full = _full_name(name, inner)
                 names[full] = node
                 names.setdefault(full.rpartition(".")[2], node)
@@ -263,7 +269,7 @@ def check_avro_depth(schema: Any, data: bytes, limit: int = MAX_AVRO_DEPTH) -> N
             if kind in ("record", "error"):
                 if depth + 1 > limit:
                     raise too_deep("The Avro message", limit)
-                inner = node.get("namespace") if isinstance(node.get("namespace"), str) else namespace
+                inner = _namespace_of(node, namespace)
                 inner = _full_name(str(node.get("name", "")), inner).rpartition(".")[0]
                 fields = [item.get("type") for item in node.get("fields") or () if isinstance(item, dict)]
                 stack.extend(("value", field, inner, depth + 1) for field in reversed(fields))

@@ -78,8 +78,8 @@ class PushHost(Protocol):
     def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer`` (``ReceivedMessage`` list)."""
 
-    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> None:
-        """Acknowledge (durably)."""
+    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> dict[str, str] | None:
+        """Acknowledge (durably). What it returns (:meth:`.Consumers.acknowledge`'s failures) is not read."""
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
         """0: nack."""
@@ -152,7 +152,8 @@ class PushWorker:
         self._task = None
 
     async def _run(self) -> None:
-        consumer = Consumer(1.0, max_messages=self.window)
+        # One outstanding message per ordering key, as the real service pushes ordered messages.
+        consumer = Consumer(1.0, max_messages=self.window, one_per_key=True)
         while True:
             try:
                 if not await self._step(consumer):

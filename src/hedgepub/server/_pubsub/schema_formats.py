@@ -171,7 +171,8 @@ class ProtoValidator(Validator):
         except DecodeError as error:
             raise SchemaMismatch(f"Could not parse binary message: {error}") from None
         if not message.IsInitialized():
-            missing = ", ".join(message.FindInitializationErrors())
+            # Every message class has FindInitializationErrors; types-protobuf's Message does not declare it.
+            missing = ", ".join(message.FindInitializationErrors())  # type: ignore[attr-defined]
             raise SchemaMismatch(f"Required fields are missing: {missing}.")
 
 

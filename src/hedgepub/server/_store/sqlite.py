@@ -104,7 +104,7 @@ class SqliteStore:
             ),
             strict=True,
         ):
-            message_class = resource_class(table)  # type: ignore[arg-type]
+            message_class = resource_class(table)  # type: ignore[arg-type]  # TABLES are kinds, typed str
             for name, body in connection.execute(f"SELECT name, body FROM {table}"):
                 target[name] = message_class.FromString(body)
         (last,) = connection.execute(f"SELECT COALESCE(({HIGHEST}), 0)").fetchone()
@@ -188,7 +188,7 @@ class SqliteStore:
             "WHERE b.topic = ? ORDER BY b.first",
             (topic,),
         ).fetchall()
-        found = []
+        found: list[tuple[int, Any]] = []
         for first, last, publish_ns, body in rows:
             batch = Batch.from_body(first, topic, publish_ns, body)
             # The batch's messages some holder still references (one seek per holder).
