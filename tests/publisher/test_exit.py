@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 
+import hedgepub
 from hedgepub import PublisherClient, RetrySettings
 from hedgepub.server import FaultRule, LocalServer
 
@@ -81,3 +82,27 @@ def test_a_dropped_client_flushes_and_stops_its_thread(server: LocalServer, topi
         time.sleep(0.01)
     assert len(publisher_threads()) == before
     assert [stored.data for stored in server.messages(topic)] == [b"dropped"]
+
+
+def test_a_pending_future_keeps_its_client_alive(server: LocalServer, topic: str) -> None:
+    # The official client's one-liner: the client is referenced by nothing but its pending publish.
+    before = len(publisher_threads())
+    server.faults.set("Publish", FaultRule(latency="100%:200ms"))  # still pending at the collection
+    future = hedgepub.PublisherClient().publish(topic, b"one-liner")
+    gc.collect()
+    assert not future.done()
+    message_id = future.result(timeout=10)
+    assert [stored.message_id for stored in server.messages(topic)] == [message_id]
+    # Once nothing is pending, the client nobody holds is shut down and its thread stops.
+    deadline = time.monotonic() + 10
+    while len(publisher_threads()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(publisher_threads()) == before
+
+
+def test_the_one_liner_returns_a_message_id(server: LocalServer, topic: str) -> None:
+    assert hedgepub.PublisherClient().publish(topic, b"x").result(timeout=10)
+    gc.collect()
+    futures = [hedgepub.PublisherClient().publish(topic, b"%d" % i) for i in range(3)]
+    gc.collect()
+    assert len({future.result(timeout=10) for future in futures}) == 3

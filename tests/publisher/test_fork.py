@@ -163,6 +163,33 @@ def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(scen
     assert scenario.stored() == [b"before", b"pending-at-fork"]
 
 
+def test_a_pending_future_of_a_dropped_client_fails_at_once_in_the_forked_child(scenario: _Scenario) -> None:
+    report = scenario.run(
+        """
+        import gc
+
+        # Nothing references the client but its pending publish (its batch waits 1 s for more).
+        publisher = PublisherClient(endpoint=address, batch_settings=BatchSettings(max_latency=1.0))
+        pending = publisher.publish(topic, b"pending-at-fork")
+        del publisher
+        gc.collect()
+
+
+        def body(seen):
+            seen["inherited_error"] = repr(pending.exception(timeout=5))
+
+
+        report["child_status"], report["child"] = in_child(body)
+        report["parent_pending"] = pending.result(timeout=20)
+        """,
+    )
+    assert report["child_status"] == 0
+    child = report["child"]
+    assert "before os.fork()" in child["inherited_error"], child
+    assert child["seconds"] < 5
+    assert scenario.stored() == [b"pending-at-fork"]  # the parent published it, once
+
+
 def test_a_multiprocessing_fork_pool_publishes_through_a_client_made_before_it(scenario: _Scenario) -> None:
     report = scenario.run(
         """

@@ -11,18 +11,20 @@ registered when this module is imported).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._exceptions import PublishError
 from hedgepub._publisher.builder import build_core
 from hedgepub._publisher.closing import ClientState
+from hedgepub._publisher.futures import ManyResult
 from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
 from hedgepub._publisher.migration import is_official_batch_settings, refuse_official_keywords, translate
 from hedgepub._publisher.stats import PublisherStats
@@ -99,6 +101,7 @@ class _ClientFacade:
         credentials: Any = None,
         *,
         hedge_endpoints: Sequence[str] | None = None,
+        channel_pool_size: int | None = None,
         idempotency_attribute: bool | str = False,
         publisher_options: Any = None,
         client_options: Any = None,
@@ -106,8 +109,8 @@ class _ClientFacade:
         enable_open_telemetry: bool = False,
         tracer_provider: Any = None,
         meter_provider: Any = None,
-        transport: Transport | None = None,
-        hedge_transports: Sequence[Transport] | None = None,
+        transport: Transport | Sequence[Transport] | None = None,
+        hedge_transports: Sequence[Transport | Sequence[Transport]] | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
@@ -147,6 +150,7 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            channel_pool_size=channel_pool_size,
             idempotency_attribute=idempotency_attribute,
             root_certificates=root_certificates,
             meter_provider=meter_provider,
@@ -249,6 +253,47 @@ class AsyncPublisherClient(_ClientFacade):
             future = core.add(topic, data, ordering_key, message, size, framed)
         return await future
 
+    async def publish_many(self, topic: str, messages: Iterable[Any], ordering_key: str = "") -> list[str]:
+        """Publish many messages at once; return their message IDs, in order, once all are published.
+
+        See :meth:`PublisherClient.publish_many` for the messages it takes and what it raises; here the
+        call waits for the outcome, and raises :class:`~hedgepub.PublishManyError` if any message failed.
+        """
+        core = self._core
+        loop = core.bind_running_loop()
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError(core.refusal)
+        many = core.prepare_many(topic, messages, ordering_key)
+        result = ManyResult(loop.create_future(), len(many.payloads))
+        if core.bulk_ok() and not many.keyed:
+            core.add_many(topic, many, result)
+        elif core.telemetry is not None:  # a span per message: publish() each
+            elements = many.one_by_one()
+            outcomes = await asyncio.gather(
+                *(self.publish(topic, data, key, **attributes) for data, key, attributes in elements),
+                return_exceptions=True,
+            )
+            for index, outcome in enumerate(outcomes):
+                if isinstance(outcome, BaseException):
+                    result.failed(index, 1, outcome)
+                else:
+                    result.resolved(index, (outcome,))
+        else:
+            elements = many.one_by_one()
+            for index, (data, key, attributes) in enumerate(elements):
+                try:
+                    message, size, framed = core.prepare(topic, data, key, attributes)
+                    if core.flow.enabled:
+                        await core.flow.acquire_async(size, core.flush_soon)
+                        future = core.add_admitted(topic, data, key, message, size, framed)
+                    else:
+                        future = core.add(topic, data, key, message, size, framed)
+                except Exception as refused:  # shut down, or refused by flow control: so are the rest
+                    result.failed(index, len(elements) - index, refused)
+                    break
+                future.add_done_callback(result.one_done(index))
+        return await result.future
+
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch and wait for every message.
 
@@ -268,6 +313,12 @@ class AsyncPublisherClient(_ClientFacade):
         await self.shutdown()
 
 
+class _Keepalive:
+    """The token a :class:`PublisherClient`'s finalizer watches (see ``PublisherClient._start``)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class PublisherClient(_ClientFacade):
     """Publish to Pub/Sub from any thread, with optional hedging of slow publishes.
 
@@ -276,7 +327,8 @@ class PublisherClient(_ClientFacade):
     it is thread-safe. Leave the ``with`` block or call :meth:`shutdown` to flush and wait. A client that
     is never shut down is still flushed, with ``shutdown(timeout=min(total_timeout, 30 s))`` (see
     :data:`IMPLICIT_SHUTDOWN_TIMEOUT`), or at most 5 s while its endpoint cannot be reached: when the
-    interpreter exits normally, or in the background once the client is garbage-collected. ``os._exit``
+    interpreter exits normally, or in the background once the client is garbage-collected, which a pending
+    publish prevents (``PublisherClient().publish(topic, b"x").result()`` returns the ID). ``os._exit``
     and fatal signals skip that.
 
     Args:
@@ -294,11 +346,16 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._publisher.routes`.
+        channel_pool_size: how many connections (each its own TCP connection) each endpoint gets, a
+            whole number from 1 to 16; default 2. Originals take them in turn, a hedge or a retry one
+            that none of its batch's running attempts uses, and a connection that goes silent is left
+            within about a second and replaced (docs/hedging.md, rules 23-26). 1 is a single connection.
         idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
             ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
             retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
             A value the caller sets for that attribute is kept. Off by default.
-        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests); a sequence
+            of transports in their place is a pool of that many connections.
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
@@ -319,9 +376,18 @@ class PublisherClient(_ClientFacade):
     def _start(self) -> None:
         retry = self._core.retry
         self._runner = _LoopThread(self._core, min(retry.total_timeout, IMPLICIT_SHUTDOWN_TIMEOUT))
+        # What the finalizer watches instead of the client itself: held by the client, by its publish
+        # function (so that `PublisherClient().publish(...)` keeps it for the call) and by every pending
+        # batch (core._new_batch), so that a client nobody references is shut down only once none of its
+        # publishes is pending. Neither the runner nor the core holds it (the core only weakly), and the
+        # publish function is in the client's own dict, so a dropped client with nothing pending is still
+        # finalized at once, without waiting for the cycle collector.
+        keepalive = self._keepalive = _Keepalive()
+        self._core.keepalive = weakref.ref(keepalive)
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
-        self._finalizer = weakref.finalize(self, self._runner.release)
+        self._finalizer = weakref.finalize(keepalive, self._runner.release)
         self._finalizer.atexit = False  # at exit, _flush_at_exit flushes every open client at once
         _SYNC_CLIENTS.add(self)
 
@@ -337,10 +403,7 @@ class PublisherClient(_ClientFacade):
         self._finalizer.detach()
         self._runner.abandon()
         core = self._core
-        error = PublishError(
-            f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
-            "future, in the child, cannot learn the outcome"
-        )
+        error = _inherited_error()
         reusable = core.state is ClientState.OPEN and not core.routes.connected
         core.abandon_after_fork(error, FORK_REFUSAL if core.state is ClientState.OPEN else core.refusal)
         if reusable:
@@ -362,6 +425,52 @@ class PublisherClient(_ClientFacade):
         # An untraced client calls the core's function directly (see _bind_publish): this method runs for
         # a traced one, or when called through the class.
         return self._publish_function(topic, data, ordering_key, **attributes)
+
+    def publish_many(
+        self, topic: str, messages: Iterable[Any], ordering_key: str = ""
+    ) -> concurrent.futures.Future[list[str]]:
+        """Publish many messages at once; one future whose result is their message IDs, in order.
+
+        Each message is ``bytes`` (data alone), a ``(data, attributes)`` tuple (``attributes`` a mapping of
+        text to text), or an object with ``data`` and optionally ``attributes`` and ``ordering_key``, such
+        as ``google.pubsub_v1.types.PubsubMessage``; ``ordering_key`` applies to every message that has no
+        key of its own. The messages go into batches as :meth:`publish` would put them, in order, with the
+        same batch settings, hedging, retries, flow control and ordering keys; without flow control,
+        OpenTelemetry or ordering keys they go in as runs, as many at once as fit each batch, with no
+        future per message.
+
+        The future resolves once every message has its outcome: the list of message IDs, or
+        :class:`~hedgepub.PublishManyError` if any failed, which gives each message's ID (``None`` where it
+        failed) and each failed message's error.
+
+        Raises at once, having published nothing:
+            TypeError: ``messages`` is not a sequence of messages, or ``messages[i]`` is not one (bytes, a
+                tuple, an object with ``data``), or has data that is not bytes or an attribute that is not
+                text; the error names ``i``.
+            ValueError: ``messages[i]`` has an ordering key without message ordering, or is too large.
+            RuntimeError: the publisher has been shut down.
+
+        If the publisher is shut down (or flow control set to ``ERROR`` refuses a message) part way
+        through, the messages not in a batch yet fail in the future with that error.
+        """
+        core = self._core
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError(core.refusal)
+        many = core.prepare_many(topic, messages, ordering_key)
+        result = ManyResult(concurrent.futures.Future(), len(many.payloads))
+        if core.bulk_ok() and not many.keyed:
+            core.add_many(topic, many, result)
+            return result.future
+        publish = self.publish
+        elements = many.one_by_one()
+        for index, (data, key, attributes) in enumerate(elements):
+            try:
+                future = publish(topic, data, key, **attributes)
+            except Exception as refused:  # shut down, or refused by flow control: so are the rest
+                result.failed(index, len(elements) - index, refused)
+                break
+            future.add_done_callback(result.one_done(index))
+        return result.future
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.
@@ -400,14 +509,34 @@ FORK_REFUSAL = (
 )
 
 
+def _inherited_error() -> PublishError:
+    """What a future inherited from the parent fails with in a forked child."""
+    return PublishError(
+        f"published before os.fork() in process {os.getppid()}, which sends it; this copy of the "
+        "future, in the child, cannot learn the outcome"
+    )
+
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork``: make every sync client safe in the new child process."""
-    forget_open_runners()
-    for client in list(_SYNC_CLIENTS):
+    runners = forget_open_runners()
+    clients = list(_SYNC_CLIENTS)
+    owned = {id(client._runner) for client in clients}
+    for client in clients:
         try:
             client._after_fork_in_child()
         except Exception:  # one client's trouble must not break the others, nor the fork
             _LOGGER.exception("hedgepub: making a publisher safe after os.fork() failed")
+    for runner in runners:
+        if id(runner) in owned:
+            continue
+        # A client dropped while publishes were pending (they keep its core running): no client is left
+        # to abandon them, so fail the inherited futures here.
+        try:
+            runner.abandon()
+            runner.core.abandon_after_fork(_inherited_error(), FORK_REFUSAL)
+        except Exception:
+            _LOGGER.exception("hedgepub: making a dropped publisher safe after os.fork() failed")
 
 
 if hasattr(os, "register_at_fork"):

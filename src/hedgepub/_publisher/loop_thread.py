@@ -29,12 +29,15 @@ _OPEN_RUNNERS: set[_LoopThread] = set()
 _OPEN_RUNNERS_LOCK = threading.Lock()
 
 
-def forget_open_runners() -> None:
+def forget_open_runners() -> list[_LoopThread]:
     """In a child process just forked: the parent's loop threads are gone, so there is nothing of theirs to
-    flush at exit (called by the client's at-fork hook, before the clients' own)."""
+    flush at exit (called by the client's at-fork hook, before the clients' own). Returns them: those of
+    clients already dropped (kept running by a pending publish) have no client left to abandon them."""
     global _OPEN_RUNNERS_LOCK
     _OPEN_RUNNERS_LOCK = threading.Lock()  # a thread that is gone may have held it
+    runners = list(_OPEN_RUNNERS)
     _OPEN_RUNNERS.clear()  # their threads are gone: nothing to flush at exit from the parent's clients
+    return runners
 
 
 class _LoopThread:
