@@ -384,7 +384,7 @@ class PublisherClient(_ClientFacade):
         # finalized at once, without waiting for the cycle collector.
         keepalive = self._keepalive = _Keepalive()
         self._core.keepalive = weakref.ref(keepalive)
-        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]  # set on the function
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
         self._finalizer = weakref.finalize(keepalive, self._runner.release)

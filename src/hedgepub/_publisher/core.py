@@ -386,7 +386,8 @@ class _PublisherCore(CoreClosing):
         the refusal (the ones already in batches are published)."""
         payloads, framed, messages = many.payloads, many.framed, many.messages
         count = len(payloads)
-        same = framed if isinstance(framed, int) else 0
+        # One framed size for all (same), or each message's (sizes).
+        same, sizes = (framed, ()) if isinstance(framed, int) else (0, framed)
         max_messages, max_bytes = self._max_messages, self._max_bytes
         key = (topic, "", threading.get_ident())
         index = 0
@@ -408,11 +409,11 @@ class _PublisherCore(CoreClosing):
                 else:
                     taking, added, left = 0, 0, max_bytes - batch.byte_size
                     limit = min(room, count - index)
-                    while taking < limit and added + framed[index + taking] <= left:  # type: ignore[index]
-                        added += framed[index + taking]  # type: ignore[index]
+                    while taking < limit and added + sizes[index + taking] <= left:
+                        added += sizes[index + taking]
                         taking += 1
                 if taking <= 0 and not batch.futures:  # larger than max_bytes: alone, as publish sends it
-                    taking, added = 1, same or framed[index]  # type: ignore[index]
+                    taking, added = 1, same or sizes[index]
                 if taking > 0:
                     end = index + taking
                     if messages is None:

@@ -396,7 +396,7 @@ class SubscriptionState:
             pending = item.waiting.popleft()
         else:
             self.ready.popleft()
-            pending = item  # type: ignore[assignment]
+            pending = item  # type: ignore[assignment]  # not a KeyLine: a Pending
         self._held -= 1
         self.held_bytes -= pending.size
         return pending
@@ -426,6 +426,7 @@ class SubscriptionState:
             if item is None:
                 break
             line = item if type(item) is KeyLine else None
+            # mypy does not narrow on type(item) is KeyLine: a line's next, else the Pending itself
             pending: Pending = item.waiting[0] if line is not None else item  # type: ignore[union-attr,assignment]
             if pending.message.publish_time.seconds < oldest_kept:
                 self._pop(item)
@@ -713,7 +714,7 @@ class SubscriptionState:
         self.held_lines.clear()
         self._held = 0
         self.held_bytes = 0
-        return dropped  # type: ignore[return-value]
+        return dropped  # type: ignore[return-value]  # KeyLines were left out: Pendings only
 
     def reset(self) -> None:
         """A Seek rewrote the backlog in the store: drop what memory holds (leases included, so their ack

@@ -219,6 +219,7 @@ class KernelNetwork:
         process = self.popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         line: list[bytes] = []
         assert process.stdout is not None
+        # process.stdout: asserted above, which a lambda's body does not see
         reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         reader.start()
         reader.join(timeout)
