@@ -37,6 +37,10 @@ message, and the garbage collector's share: where the per-message time goes (``-
 ``--profile futures-100`` compares them). cProfile slows Python calls down, so read its figures as shares,
 not as speeds.
 
+With ``HEDGEPUB_BENCH_CHANNEL_POOL_SIZE=N`` in the environment, every hedgepub client is built with
+``channel_pool_size=N`` (the connections per endpoint; unset: the default), so that runs with two sizes,
+alternated, compare them.
+
 With ``--no-server``, the hedgepub targets publish through an in-process transport that takes each
 request's bytes and answers at once (no server, no network; see :class:`InstantTransport`): what is
 measured is the client's own cost.
@@ -238,10 +242,16 @@ class _Profiler:
                 )
 
 
+#: Set, every hedgepub client of a run gets ``channel_pool_size`` of this value (children inherit it).
+POOL_SIZE_ENV = "HEDGEPUB_BENCH_CHANNEL_POOL_SIZE"
+
+
 def _hedgepub_client(style: str, batch: int, topic: str, instant: bool) -> Any:
     from hedgepub import AsyncPublisherClient, BatchSettings, HedgingSettings, PublisherClient
 
     arguments: dict[str, Any] = {"batch_settings": BatchSettings(max_messages=batch)}
+    if os.environ.get(POOL_SIZE_ENV):
+        arguments["channel_pool_size"] = int(os.environ[POOL_SIZE_ENV])
     if style == "futures-on":
         arguments["hedging_settings"] = HedgingSettings(hedge_delay=HEDGE_DELAY)
     if instant:

@@ -12,13 +12,14 @@ from hedgepub._exceptions import (
     HedgepubError,
     OrderingKeyPausedError,
     PublishError,
+    PublishManyError,
     PublishTimeoutError,
     ResponseMismatchError,
     RpcError,
     ShutdownTimeoutError,
 )
 from hedgepub._publisher.client import AsyncPublisherClient, PublisherClient
-from hedgepub._publisher.stats import EndpointStats, PublisherStats
+from hedgepub._publisher.stats import ConnectionStats, EndpointStats, PublisherStats
 from hedgepub._settings import (
     AdaptiveDelay,
     BatchSettings,
@@ -36,6 +37,7 @@ __all__ = [
     "AdaptiveDelay",
     "AsyncPublisherClient",
     "BatchSettings",
+    "ConnectionStats",
     "DedupStats",
     "Deduplicator",
     "EndpointStats",
@@ -46,6 +48,7 @@ __all__ = [
     "LimitExceededBehavior",
     "OrderingKeyPausedError",
     "PublishError",
+    "PublishManyError",
     "PublishTimeoutError",
     "PublisherClient",
     "PublisherStats",

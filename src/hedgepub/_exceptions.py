@@ -145,6 +145,25 @@ class ShutdownTimeoutError(PublishError):
     code = StatusCode.CANCELLED
 
 
+class PublishManyError(PublishError):
+    """Some messages of one ``publish_many`` call failed; the others were published.
+
+    Attributes: ``message_ids``, one entry per message of the call in order: its message ID, or ``None``
+    where it failed; ``errors``, the failed messages' indexes (in the call) mapped to their errors (each a
+    :class:`PublishError`, as ``publish`` would have given). The message says how many failed, and the first.
+    """
+
+    def __init__(self, message_ids: list[str | None], errors: dict[int, BaseException]) -> None:
+        first = min(errors)
+        super().__init__(
+            f"{len(errors)} of the {len(message_ids)} messages of publish_many failed; the first, "
+            f"messages[{first}]: {errors[first]}"
+        )
+        self.message_ids = message_ids
+        self.errors = errors
+        self.code = getattr(errors[first], "code", None)
+
+
 class FlowControlLimitError(HedgepubError):
     """Flow control is set to ``ERROR`` and the message would exceed a limit."""
 

@@ -12,10 +12,18 @@ from __future__ import annotations
 import datetime
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hedgepub._status import DEFAULT_RETRYABLE_CODES, StatusCode
+
+#: What a duration accepts: seconds, or a timedelta (stored as float seconds).
+_Seconds = float | datetime.timedelta
+
+# Each settings class with a duration declares, for type checkers only, the constructor that dataclass
+# generates at run time, with the durations typed as given (seconds or a timedelta) rather than as
+# stored (float). tests/settings/test_typed_constructors.py holds each to its fields.
 
 #: Pub/Sub refuses a Publish request larger than this many bytes.
 MAX_REQUEST_BYTES = 10_000_000
@@ -88,6 +96,11 @@ class AdaptiveDelay:
     window: float = 10.0
     min_samples: int = 100
 
+    if TYPE_CHECKING:
+
+        def __init__(self, percentile: float = 95.0, window: _Seconds = 10.0, min_samples: int = 100) -> None:
+            pass
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "percentile", _number("percentile", self.percentile, 50.0, 99.9))
         object.__setattr__(self, "window", _duration("window", self.window, 1, 3600))
@@ -119,6 +132,17 @@ class HedgingSettings:
     max_tokens: int = 50
     refill_ratio: float = 0.1
     adaptive_delay: AdaptiveDelay | None = None
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            hedge_delay: _Seconds = 1.0,
+            max_tokens: int = 50,
+            refill_ratio: float = 0.1,
+            adaptive_delay: AdaptiveDelay | None = None,
+        ) -> None:
+            pass
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hedge_delay", _duration("hedge_delay", self.hedge_delay, 0.1, 10))
@@ -182,6 +206,21 @@ class RetrySettings:
     total_timeout: float = 600.0
     retryable_codes: frozenset[StatusCode] = field(default=DEFAULT_RETRYABLE_CODES)
 
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            initial_retry_delay: _Seconds = 0.1,
+            retry_delay_multiplier: float = 4.0,
+            max_retry_delay: _Seconds = 60.0,
+            initial_rpc_timeout: _Seconds = 5.0,
+            rpc_timeout_multiplier: float = 4.0,
+            max_rpc_timeout: _Seconds = 60.0,
+            total_timeout: _Seconds = 600.0,
+            retryable_codes: Iterable[StatusCode] = DEFAULT_RETRYABLE_CODES,
+        ) -> None:
+            pass
+
     def __post_init__(self) -> None:
         day = 86_400.0
         for name in ("initial_retry_delay", "max_retry_delay"):
@@ -221,6 +260,13 @@ class BatchSettings:
     max_messages: int = 100
     max_bytes: int = 1_000_000
     max_latency: float = 0.01
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self, max_messages: int = 100, max_bytes: int = 1_000_000, max_latency: _Seconds = 0.01
+        ) -> None:
+            pass
 
     def __post_init__(self) -> None:
         object.__setattr__(

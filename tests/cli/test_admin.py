@@ -114,6 +114,29 @@ def test_pull_prints_id_data_and_attributes_as_text(pubsub_server, hedgepub_cli)
     assert pulled.stdout == f"{message_id}\tone\ta=1 b=2\n"
 
 
+def test_the_datas_line_end_does_not_push_the_attributes_onto_a_line_of_their_own(
+    pubsub_server, hedgepub_cli
+) -> None:
+    assert hedgepub_cli("topics", "create", "orders").exit_code == 0
+    assert hedgepub_cli("subscriptions", "create", "audit", "--topic", "orders").exit_code == 0
+    message_id = hedgepub_cli("publish", "orders", "one\n", "--attr", "a=1").stdout.strip()
+    pulled = hedgepub_cli("pull", "audit", "--max", "1")
+    assert pulled.stdout == f"{message_id}\tone\ta=1\n"
+
+
+def test_empty_data_is_refused_before_sending_and_an_existing_subscription_is_named(
+    pubsub_server, hedgepub_cli
+) -> None:
+    assert hedgepub_cli("topics", "create", "orders").exit_code == 0
+    empty = hedgepub_cli("publish", "orders", "-")  # the runner's standard input is empty
+    assert empty.exit_code == 2 and "the message is empty" in empty.output
+    assert hedgepub_cli("subscriptions", "create", "audit", "--topic", "orders").exit_code == 0
+    again = hedgepub_cli("subscriptions", "create", "audit", "--topic", "orders")
+    assert again.exit_code == EXIT_ALREADY_EXISTS
+    assert f"subscription projects/{PROJECT}/subscriptions/audit already exists" in again.output
+    assert "or topic" not in again.output
+
+
 def test_publishing_to_a_missing_topic_exits_with_not_found(pubsub_server, hedgepub_cli) -> None:
     result = hedgepub_cli("publish", "nothing", "data")
     assert result.exit_code == EXIT_NOT_FOUND

@@ -6,7 +6,6 @@ everything slower, never faster.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -151,7 +150,8 @@ def test_connections_beyond_the_limit_are_reset(echo_server: EchoServer) -> None
         connect(relay.address) as first,
     ):
         round_trip(first, b"one")
-        with connect(relay.address) as second, pytest.raises((ConnectionError, OSError)):
+        # the reset may show at once (setting an option on the socket) or on the first send or receive
+        with pytest.raises((ConnectionError, OSError)), connect(relay.address) as second:
             second.sendall(b"two")
             if not second.recv(10):
                 raise ConnectionError("closed")
@@ -239,7 +239,7 @@ def test_a_publish_through_the_relay_to_a_local_server() -> None:
             admin.wait_ready(10.0)
             admin.create_topic(TOPIC)
         with PublisherClient(
-            endpoint=relay.address, batch_settings=BatchSettings(max_messages=1)
+            endpoint=relay.address, batch_settings=BatchSettings(max_messages=1), channel_pool_size=1
         ) as publisher:
             ids = [publisher.publish(TOPIC, b"through %d" % n).result(timeout=60) for n in range(5)]
             [info] = relay.connections  # one channel, one TCP connection
@@ -253,16 +253,15 @@ async def test_from_asyncio_with_loss_every_publish_is_stored() -> None:
         with AdminClient(server.address) as admin:
             admin.wait_ready(10.0)
             admin.create_topic(TOPIC)
-        async with FaultRelay(upstream=server.address, loss=0.05, seed=11) as relay:
+        async with FaultRelay(upstream=server.address, loss=0.2, seed=11) as relay:
             publisher = AsyncPublisherClient(
-                endpoint=relay.address, batch_settings=BatchSettings(max_messages=1)
+                endpoint=relay.address, batch_settings=BatchSettings(max_messages=1), channel_pool_size=1
             )
-            try:
-                futures = [publisher.publish(TOPIC, b"lossy %d" % n) for n in range(40)]
-                ids = await asyncio.gather(*futures)
+            try:  # one at a time: each publish is its own segments both ways, each lost 1 time in 5
+                ids = [await publisher.publish(TOPIC, b"lossy %d" % n) for n in range(20)]
             finally:
                 await publisher.shutdown(timeout=60)
             [info] = relay.connections
             assert info.losses_up + info.losses_down > 0
-        assert len(set(ids)) == 40
-        assert sorted(m.data for m in server.messages(TOPIC)) == sorted(b"lossy %d" % n for n in range(40))
+        assert len(set(ids)) == 20
+        assert sorted(m.data for m in server.messages(TOPIC)) == sorted(b"lossy %d" % n for n in range(20))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from hedgepub import (
     AsyncPublisherClient,
     BatchSettings,
+    ConnectionStats,
     EndpointStats,
     HedgingSettings,
     PublisherClient,
@@ -19,6 +20,7 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub._publisher.routes import EndpointRoutes
+from hedgepub._transport.pool import ConnectionPool
 from hedgepub._wire import CLIENT_TELEMETRY_KEY, decode_client_telemetry
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
@@ -78,8 +80,12 @@ async def test_hedges_go_to_the_hedge_endpoints_in_turn() -> None:
     assert list(stats.endpoints) == ["primary", "hedge-endpoint-1", "hedge-endpoint-2"]
     assert stats.endpoints["primary"].attempts_sent == 26  # 25 warm-up batches and the original
     assert stats.endpoints["primary"].wins == 26
-    assert stats.endpoints["hedge-endpoint-1"] == EndpointStats(attempts_sent=2, hedges_sent=2)
-    assert stats.endpoints["hedge-endpoint-2"] == EndpointStats(attempts_sent=1, hedges_sent=1)
+    assert stats.endpoints["hedge-endpoint-1"] == EndpointStats(
+        attempts_sent=2, hedges_sent=2, connections=(ConnectionStats(attempts_sent=2),)
+    )
+    assert stats.endpoints["hedge-endpoint-2"] == EndpointStats(
+        attempts_sent=1, hedges_sent=1, connections=(ConnectionStats(attempts_sent=1),)
+    )
     await publisher.shutdown()
     assert primary.closed and first.closed and second.closed
 
@@ -200,26 +206,28 @@ async def test_no_token_no_hedge_to_any_endpoint() -> None:
 def test_every_endpoint_is_opened_once_before_the_first_attempt() -> None:
     opened: list[str] = []
 
-    def opener(label: str) -> Callable[[], ScriptedTransport]:
-        def connect() -> ScriptedTransport:
-            opened.append(label)
+    def opener(label: str) -> ConnectionPool:
+        def connect(key: int) -> ScriptedTransport:
+            opened.append(f"{label}/{key}")
             return ScriptedTransport()
 
-        return connect
+        return ConnectionPool(connect, 2)
 
-    def broken() -> ScriptedTransport:
+    def broken(key: int) -> ScriptedTransport:
         raise OSError("no such certificate file")
 
     routes = EndpointRoutes(
-        ["primary", "a:1", "b:2", "c:3"], [opener("primary"), opener("a:1"), opener("b:2"), broken]
+        ["primary", "a:1", "b:2", "c:3"],
+        [opener("primary"), opener("a:1"), opener("b:2"), ConnectionPool(broken, 2)],
     )
     routes.open_all()
     routes.open_all()
-    assert opened == ["primary", "a:1", "b:2"]
+    # Each endpoint's pool of two connections, each connection opened by a call of its own.
+    assert opened == ["primary/0", "primary/1", "a:1/0", "a:1/1", "b:2/0", "b:2/1"]
     assert [routes.index_for(number) for number in range(6)] == [0, 1, 2, 3, 1, 2]
     # An endpoint that cannot be opened fails its hedges as an unreachable one would: retryably.
     with pytest.raises(RpcError) as raised:
-        routes.transport(3)
+        routes.pool(3)
     assert raised.value.code is StatusCode.UNAVAILABLE
     assert "cannot open hedge endpoint c:3: no such certificate file" in str(raised.value)
 

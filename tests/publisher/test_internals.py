@@ -103,6 +103,65 @@ def test_batch_futures_wake_waiters_registered_before_and_after_resolution() -> 
     assert late == ["0"]
 
 
+def test_done_callbacks_run_once_each_in_order_and_a_raising_one_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    condition = BatchCondition()
+    futures = [BatchFuture(condition) for _ in range(5)]
+    calls: list[tuple[int, str | None]] = []
+
+    def note(index: int) -> object:
+        return lambda future: calls.append((index, None if future.cancelled() else future.result()))
+
+    futures[2].add_done_callback(note(2))
+    futures[0].add_done_callback(note(0))
+    futures[0].add_done_callback(note(10))  # two on one future: both, in order
+    futures[3].add_done_callback(lambda future: 1 / 0)  # logged, the others still run
+    futures[3].add_done_callback(note(3))
+    futures[4].add_done_callback(note(4))
+    assert futures[4].cancel()  # its callback runs now, once, and not again when the batch resolves
+    assert calls == [(4, None)]
+    assert futures[4].cancel()  # cancelled already: nothing runs again
+    with caplog.at_level("ERROR", logger="concurrent.futures"):
+        resolve_batch(futures, condition, message_ids=["a", "b", "c", "d", "e"])
+    assert calls == [(4, None), (2, "c"), (0, "a"), (10, "a"), (3, "d")]
+    assert "exception calling callback" in caplog.text
+    assert condition.callbacks == []
+    futures[1].add_done_callback(note(1))  # done: runs at once, in this thread
+    assert calls[-1] == (1, "b")
+
+
+def test_done_callbacks_from_many_threads_each_run_once() -> None:
+    condition = BatchCondition()
+    futures = [BatchFuture(condition) for _ in range(2_000)]
+    counts = [0] * len(futures)
+    lock = threading.Lock()
+
+    def count(index: int) -> object:
+        def callback(future: object) -> None:
+            with lock:
+                counts[index] += 1
+
+        return callback
+
+    def add(start: int) -> None:
+        for index in range(start, len(futures), 4):
+            futures[index].add_done_callback(count(index))
+
+    adders = [threading.Thread(target=add, args=(start,)) for start in range(4)]
+    for adder in adders[:2]:
+        adder.start()
+    resolver = threading.Thread(
+        target=resolve_batch, args=(futures, condition, [str(n) for n in range(2_000)])
+    )
+    resolver.start()
+    for adder in adders[2:]:
+        adder.start()
+    for thread in [*adders, resolver]:
+        thread.join()
+    assert counts == [1] * len(futures)  # whether added before, during or after the resolution
+
+
 @pytest.mark.parametrize(
     "length", [0, 1, 125, 126, 127, 128, 129, 16_365, 16_366, 16_367, 16_368, 16_383, 16_384, 70_000]
 )

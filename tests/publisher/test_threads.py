@@ -144,7 +144,9 @@ def test_a_fresh_batch_future_holds_no_lists_until_used() -> None:
     resolve_batch([quiet, watched], condition, message_ids=["1", "2"])
     assert (quiet.result(timeout=0), watched.result(timeout=0), seen) == ("1", "2", ["2"])
     assert "_waiters" not in vars(quiet) and "finished" in repr(quiet)
-    assert list(condition.watched) == [watched]  # the only future that got a list
+    # A done-callback is kept in the batch's condition, not in a list of the future's own.
+    assert "_done_callbacks" not in vars(watched) and list(condition.watched) == []
+    assert condition.callbacks == []  # run, and let go
     late: list[str] = []
     quiet.add_done_callback(lambda future: late.append(future.result()))  # runs at once when done
     assert late == ["1"]

@@ -26,7 +26,7 @@ between the tiers and ratchets up into the slow tier, and hedging stops helping.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 from hdrh.histogram import HdrHistogram
 
@@ -41,7 +41,7 @@ _LOWEST_US = 100
 _HIGHEST_US = 60_000_000
 _SIGNIFICANT_DIGITS = 2
 #: The percentile is recomputed at most this many times per window (and at every rotation): a walk over
-#: the histograms costs tens of microseconds, too much to repeat for every batch at high rates.
+#: the histograms costs tens of microseconds (see _percentile), too much to repeat for every batch.
 _RECOMPUTES_PER_WINDOW = 100
 
 
@@ -144,9 +144,29 @@ def _percentile(first: HdrHistogram, second: HdrHistogram, percentile: float) ->
     """The ``percentile``-th value over two histograms of the same layout, without merging them."""
     total = first.get_total_count() + second.get_total_count()
     target = max(1, int(percentile * total / 100 + 0.5))
+    # The counts are ctypes arrays: read element by element from Python, a walk of their 1,792 buckets
+    # took a millisecond. Viewed as integers, whole runs of buckets are summed in C, and only the run
+    # that reaches the target is walked.
+    ours, theirs = _counts(first), _counts(second)
     seen = 0
-    for index, (a, b) in enumerate(zip(first.counts, second.counts, strict=True)):
-        seen += a + b
-        if seen >= target:
-            return int(first.get_highest_equivalent_value(first.get_value_from_index(index)))
+    for start in range(0, len(ours), _RUN):
+        stop = start + _RUN
+        run = sum(ours[start:stop]) + sum(theirs[start:stop])
+        if seen + run >= target:
+            for index in range(start, min(stop, len(ours))):
+                seen += ours[index] + theirs[index]
+                if seen >= target:
+                    return int(first.get_highest_equivalent_value(first.get_value_from_index(index)))
+        seen += run
     return int(max(first.get_max_value(), second.get_max_value()))
+
+
+#: Buckets summed at a time by :func:`_percentile`.
+_RUN = 64
+_UNSIGNED: dict[int, Literal["H", "I", "Q"]] = {2: "H", 4: "I", 8: "Q"}
+
+
+def _counts(histogram: HdrHistogram) -> memoryview:
+    """A histogram's bucket counts as integers, read straight from its ctypes array."""
+    view = memoryview(histogram.counts)
+    return view.cast("B").cast(_UNSIGNED[view.itemsize])

@@ -152,6 +152,7 @@ class Batch:
         "parts",
         "plain",
         "progress",
+        "segments",
         "state",
         "timer",
         "topic",
@@ -193,6 +194,9 @@ class Batch:
         self.open_key = open_key
         #: Its attempts so far, once it is being sent (a hedgepub._publisher.sender.AttemptCounts).
         self.progress: Any = None
+        #: Runs of ``publish_many`` messages, as (their ManyResult, first index in :attr:`futures`, count,
+        #: first index in the call); their entries in :attr:`futures` are ``futures.BULK``. None if none.
+        self.segments: list[tuple[Any, int, int, int]] | None = None
         #: What keeps the client that made the batch alive until the batch resolves (a sync client's
         #: keep-alive token, see ``PublisherClient``), or ``None``.
         self.keepalive: object | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock
@@ -31,7 +31,15 @@ from hedgepub._settings import (
     adaptive_delay_limit,
     check_hedging,
 )
-from hedgepub._transport.grpc import ChannelTarget, GrpcTransport, Transport, create_channel, resolve_endpoint
+from hedgepub._transport.grpc import (
+    ChannelTarget,
+    GrpcTransport,
+    TokenRefresher,
+    Transport,
+    create_channel,
+    resolve_endpoint,
+)
+from hedgepub._transport.pool import DEFAULT_POOL_SIZE, ConnectionPool, check_channel_pool_size
 from hedgepub._wire import EMULATOR_HOST_ENV
 
 if TYPE_CHECKING:
@@ -47,11 +55,12 @@ def build_core(
     enable_message_ordering: bool,
     endpoint: str | None,
     credentials: Any,
-    transport: Transport | None,
+    transport: Transport | Sequence[Transport] | None,
     clock: Clock,
     sync_futures: bool,
     hedge_endpoints: Sequence[str] | None = None,
-    hedge_transports: Sequence[Transport] | None = None,
+    hedge_transports: Sequence[Transport | Sequence[Transport]] | None = None,
+    channel_pool_size: int | None = None,
     idempotency_attribute: bool | str = False,
     root_certificates: bytes | None = None,
     enable_open_telemetry: bool = False,
@@ -90,6 +99,7 @@ def build_core(
             "root_certificates must be PEM bytes (Path(...).read_bytes()); got "
             f"{type(root_certificates).__name__}"
         )
+    pool_size = DEFAULT_POOL_SIZE if channel_pool_size is None else check_channel_pool_size(channel_pool_size)
     credentials, routes = _routes(
         endpoint,
         transport,
@@ -98,6 +108,8 @@ def build_core(
         hedging_on=hedging_settings is not None,
         credentials=credentials,
         root_certificates=root_certificates,
+        pool_size=pool_size,
+        clock=clock,
     )
     id_prefix = uuid.uuid4().hex[:16]
     if not enable_open_telemetry and (tracer_provider is not None or meter_provider is not None):
@@ -141,19 +153,22 @@ def build_core(
 
 def _routes(
     endpoint: str | None,
-    transport: Transport | None,
+    transport: Transport | Sequence[Transport] | None,
     hedge_endpoints: tuple[str, ...],
-    hedge_transports: Sequence[Transport] | None,
+    hedge_transports: Sequence[Transport | Sequence[Transport]] | None,
     *,
     hedging_on: bool,
     credentials: Any,
     root_certificates: bytes | None,
+    pool_size: int,
+    clock: Clock,
 ) -> tuple[Any, EndpointRoutes]:
-    """The credentials to use, and the endpoints: the primary, then the hedge endpoints, each connected on
-    first use.
+    """The credentials to use, and the endpoints: the primary, then the hedge endpoints, each a pool of
+    ``pool_size`` connections opened on first use.
 
     ``transport`` and ``hedge_transports`` are ready-made transports (tests), labelled ``primary``
-    and ``hedge-endpoint-N``; endpoints given by name are labelled with their ``host:port``.
+    and ``hedge-endpoint-N``: one transport, or a sequence of them, each a connection of the endpoint's
+    pool. Endpoints given by name are labelled with their ``host:port``.
     """
     if hedge_transports is not None and hedge_endpoints:
         raise ValueError("pass hedge_endpoints or hedge_transports, not both")
@@ -171,32 +186,42 @@ def _routes(
 
         credentials, _project = google.auth.default(scopes=SCOPES)
 
-    def connect(target: ChannelTarget) -> Callable[[], Transport]:
-        def open_channel() -> Transport:
-            channel = create_channel(target, credentials, root_certificates=root_certificates)
-            # Connect (TCP, TLS) now: a hedge endpoint is first needed in a stall, the worst moment
-            # to pay for a handshake.
-            channel.get_state(try_to_connect=True)
+    # One refresher for every channel: the pool's connections and the hedge endpoints share each refresh.
+    refresher = TokenRefresher(credentials) if credentials is not None else None
+
+    def connect(target: ChannelTarget) -> ConnectionPool:
+        def open_connection(_key: int) -> Transport:
+            # Each connection of a pool gets a subchannel pool of its own (own_connection), so a new TCP
+            # connection, a replacement too; the pool keeps it connected (TCP, TLS) from now on: a hedge
+            # is first needed in a stall, the worst moment to pay for a handshake.
+            channel = create_channel(
+                target,
+                credentials,
+                root_certificates=root_certificates,
+                own_connection=True,
+                refresher=refresher,
+            )
             return GrpcTransport(channel)
 
-        return open_channel
+        return ConnectionPool(open_connection, pool_size, clock=clock, description=target.describe())
 
-    def ready(made: Transport) -> Callable[[], Transport]:
-        return lambda: made
+    def ready(made: Transport | Sequence[Transport]) -> ConnectionPool:
+        members = tuple(made) if isinstance(made, Sequence) else (made,)
+        return ConnectionPool(ready=members, clock=clock)
 
     labels = ["primary" if primary is None else primary.target]
     # Without a transport, primary is the target (build_core's callers pass one of the two).
-    connects = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
+    pools = [ready(transport) if transport is not None else connect(primary)]  # type: ignore[arg-type]
     for number, made in enumerate(hedge_transports or (), start=1):
         labels.append(f"hedge-endpoint-{number}")
-        connects.append(ready(made))
+        pools.append(ready(made))
     for target in targets:
         labels.append(target.target)
-        connects.append(connect(target))
+        pools.append(connect(target))
     descriptions = [labels[0] if primary is None else primary.describe()]
     descriptions += labels[1 : 1 + len(hedge_transports or ())]
     descriptions += [target.describe() for target in targets]
-    return credentials, EndpointRoutes(labels, connects, descriptions)
+    return credentials, EndpointRoutes(labels, pools, descriptions)
 
 
 def _telemetry(

@@ -11,18 +11,20 @@ registered when this module is imported).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
 from hedgepub._exceptions import PublishError
 from hedgepub._publisher.builder import build_core
 from hedgepub._publisher.closing import ClientState
+from hedgepub._publisher.futures import ManyResult
 from hedgepub._publisher.loop_thread import _LoopThread, forget_open_runners
 from hedgepub._publisher.migration import refuse_official_keywords, translate
 from hedgepub._publisher.stats import PublisherStats
@@ -100,14 +102,15 @@ class _ClientFacade:
         endpoint: str | None = None,
         credentials: Any = None,
         hedge_endpoints: Sequence[str] | None = None,
+        channel_pool_size: int | None = None,
         idempotency_attribute: bool | str = False,
         client_options: Any = None,
         root_certificates: bytes | None = None,
         enable_open_telemetry: bool = False,
         tracer_provider: Any = None,
         meter_provider: Any = None,
-        transport: Transport | None = None,
-        hedge_transports: Sequence[Transport] | None = None,
+        transport: Transport | Sequence[Transport] | None = None,
+        hedge_transports: Sequence[Transport | Sequence[Transport]] | None = None,
         clock: Clock = DEFAULT_CLOCK,
         **official_keywords: Any,
     ) -> None:
@@ -154,6 +157,7 @@ class _ClientFacade:
             sync_futures=self._sync_futures,
             hedge_endpoints=hedge_endpoints,
             hedge_transports=hedge_transports,
+            channel_pool_size=channel_pool_size,
             idempotency_attribute=idempotency_attribute,
             root_certificates=root_certificates,
             meter_provider=meter_provider,
@@ -256,6 +260,47 @@ class AsyncPublisherClient(_ClientFacade):
             future = core.add(topic, data, ordering_key, message, size, framed)
         return await future
 
+    async def publish_many(self, topic: str, messages: Iterable[Any], ordering_key: str = "") -> list[str]:
+        """Publish many messages at once; return their message IDs, in order, once all are published.
+
+        See :meth:`PublisherClient.publish_many` for the messages it takes and what it raises; here the
+        call waits for the outcome, and raises :class:`~hedgepub.PublishManyError` if any message failed.
+        """
+        core = self._core
+        loop = core.bind_running_loop()
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError(core.refusal)
+        many = core.prepare_many(topic, messages, ordering_key)
+        result = ManyResult(loop.create_future(), len(many.payloads))
+        if core.bulk_ok() and not many.keyed:
+            core.add_many(topic, many, result)
+        elif core.telemetry is not None:  # a span per message: publish() each
+            elements = many.one_by_one()
+            outcomes = await asyncio.gather(
+                *(self.publish(topic, data, key, **attributes) for data, key, attributes in elements),
+                return_exceptions=True,
+            )
+            for index, outcome in enumerate(outcomes):
+                if isinstance(outcome, BaseException):
+                    result.failed(index, 1, outcome)
+                else:
+                    result.resolved(index, (outcome,))
+        else:
+            elements = many.one_by_one()
+            for index, (data, key, attributes) in enumerate(elements):
+                try:
+                    message, size, framed = core.prepare(topic, data, key, attributes)
+                    if core.flow.enabled:
+                        await core.flow.acquire_async(size, core.flush_soon)
+                        future = core.add_admitted(topic, data, key, message, size, framed)
+                    else:
+                        future = core.add(topic, data, key, message, size, framed)
+                except Exception as refused:  # shut down, or refused by flow control: so are the rest
+                    result.failed(index, len(elements) - index, refused)
+                    break
+                future.add_done_callback(result.one_done(index))
+        return await result.future
+
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch and wait for every message.
 
@@ -311,11 +356,16 @@ class PublisherClient(_ClientFacade):
             primary, and every endpoint shares the credentials and the token bucket. Needs
             ``hedging_settings``. An unreachable one fails only the hedges sent there. See
             :mod:`hedgepub._publisher.routes`.
+        channel_pool_size: how many connections (each its own TCP connection) each endpoint gets, a
+            whole number from 1 to 16; default 2. Originals take them in turn, a hedge or a retry one
+            that none of its batch's running attempts uses, and a connection that goes silent is left
+            within about a second and replaced (docs/hedging.md, rules 23-26). 1 is a single connection.
         idempotency_attribute: ``True`` stamps every message with a unique key in the attribute
             ``hedgepub-idempotency-key`` (a name picks another attribute), the same on every hedged or
             retried copy, so that consumers can drop copies with :class:`hedgepub.dedup.Deduplicator`.
             A value the caller sets for that attribute is kept. Off by default.
-        transport, hedge_transports: ready-made transports instead of gRPC channels (tests).
+        transport, hedge_transports: ready-made transports instead of gRPC channels (tests); a sequence
+            of transports in their place is a pool of that many connections.
         publisher_options: the official client's ``google.cloud.pubsub_v1.types.PublisherOptions``
             (ordering, flow control, retry, timeout, OpenTelemetry), translated to the settings above.
         client_options: the official client's ``client_options`` (``api_endpoint``, ``credentials_file``).
@@ -344,7 +394,7 @@ class PublisherClient(_ClientFacade):
         # finalized at once, without waiting for the cycle collector.
         keepalive = self._keepalive = _Keepalive()
         self._core.keepalive = weakref.ref(keepalive)
-        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]
+        self._publish_function.keepalive = keepalive  # type: ignore[attr-defined]  # set on the function
         # Dropped without shutdown(): flush in the background. The runner holds no reference back to the
         # client, so the finalizer does not keep the client alive.
         self._finalizer = weakref.finalize(keepalive, self._runner.release)
@@ -385,6 +435,52 @@ class PublisherClient(_ClientFacade):
         # An untraced client calls the core's function directly (see _bind_publish): this method runs for
         # a traced one, or when called through the class.
         return self._publish_function(topic, data, ordering_key, **attributes)
+
+    def publish_many(
+        self, topic: str, messages: Iterable[Any], ordering_key: str = ""
+    ) -> concurrent.futures.Future[list[str]]:
+        """Publish many messages at once; one future whose result is their message IDs, in order.
+
+        Each message is ``bytes`` (data alone), a ``(data, attributes)`` tuple (``attributes`` a mapping of
+        text to text), or an object with ``data`` and optionally ``attributes`` and ``ordering_key``, such
+        as ``google.pubsub_v1.types.PubsubMessage``; ``ordering_key`` applies to every message that has no
+        key of its own. The messages go into batches as :meth:`publish` would put them, in order, with the
+        same batch settings, hedging, retries, flow control and ordering keys; without flow control,
+        OpenTelemetry or ordering keys they go in as runs, as many at once as fit each batch, with no
+        future per message.
+
+        The future resolves once every message has its outcome: the list of message IDs, or
+        :class:`~hedgepub.PublishManyError` if any failed, which gives each message's ID (``None`` where it
+        failed) and each failed message's error.
+
+        Raises at once, having published nothing:
+            TypeError: ``messages`` is not a sequence of messages, or ``messages[i]`` is not one (bytes, a
+                tuple, an object with ``data``), or has data that is not bytes or an attribute that is not
+                text; the error names ``i``.
+            ValueError: ``messages[i]`` has an ordering key without message ordering, or is too large.
+            RuntimeError: the publisher has been shut down.
+
+        If the publisher is shut down (or flow control set to ``ERROR`` refuses a message) part way
+        through, the messages not in a batch yet fail in the future with that error.
+        """
+        core = self._core
+        if core.state is not ClientState.OPEN:
+            raise RuntimeError(core.refusal)
+        many = core.prepare_many(topic, messages, ordering_key)
+        result = ManyResult(concurrent.futures.Future(), len(many.payloads))
+        if core.bulk_ok() and not many.keyed:
+            core.add_many(topic, many, result)
+            return result.future
+        publish = self.publish
+        elements = many.one_by_one()
+        for index, (data, key, attributes) in enumerate(elements):
+            try:
+                future = publish(topic, data, key, **attributes)
+            except Exception as refused:  # shut down, or refused by flow control: so are the rest
+                result.failed(index, len(elements) - index, refused)
+                break
+            future.add_done_callback(result.one_done(index))
+        return result.future
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting messages, publish every pending batch, wait for every message, stop the thread.

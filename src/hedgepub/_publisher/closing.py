@@ -95,10 +95,12 @@ class CoreClosing:
             batch.state = BatchState.DONE
             batch.lock = threading.Lock()
             if batch.condition is not None:
-                batch.condition = BatchCondition()
+                inherited, batch.condition = batch.condition, BatchCondition()
+                batch.condition.callbacks = inherited.callbacks  # they run as the futures fail
+                batch.condition.watched = inherited.watched
                 for future in batch.futures:
                     future._condition = batch.condition
-            resolve_batch(batch.futures, batch.condition, error=error)
+            resolve_batch(batch.futures, batch.condition, error=error, segments=batch.segments)
 
     def has_pending(self) -> bool:
         """Whether messages are still waiting for their outcome (any thread; a snapshot)."""

@@ -27,7 +27,6 @@ The fast path relies on ``concurrent.futures.Future``'s internal fields, unchang
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import itertools
@@ -36,6 +35,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import _base
 from typing import Any
+
+from hedgepub._exceptions import PublishError, PublishManyError
 
 # The states' values ("" where this Python has none, which turns the fast path off).
 _PENDING: str = getattr(_base, "PENDING", "")
@@ -64,12 +65,19 @@ class BatchCondition(threading.Condition):
     """The condition shared by the futures of one batch, and which of them have waiters or callbacks."""
 
     def __init__(self, describe: Callable[[], str] | None = None) -> None:
-        super().__init__()
+        lock = threading.RLock()
+        super().__init__(lock)
+        #: The condition's own lock, taken directly (C-level ``with``) where ``with condition`` would go
+        #: through ``Condition.__enter__``, a Python call.
+        self.lock = lock
         #: Says what the batch is doing (queued, attempts, last error), for a future's timeout message.
         self.describe_pending = describe
         #: Futures that got a list of waiters or of done-callbacks (added holding the condition), as the
         #: keys of a dict: a set that keeps their order.
         self.watched: dict[BatchFuture, None] = {}
+        #: The done-callbacks of the batch's pending futures, as (future, callback) in the order they were
+        #: added (see :meth:`BatchFuture.add_done_callback`); changed holding :attr:`lock`.
+        self.callbacks: list[tuple[BatchFuture, Callable[[Any], object]]] = []
 
 
 class _ListOnFirstUse:
@@ -144,6 +152,38 @@ class BatchFuture(concurrent.futures.Future[Any]):
         """See ``concurrent.futures.Future.done``."""
         return self._state is _FINISHED or super().done()
 
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """See ``concurrent.futures.Future.add_done_callback``: ``fn(future)`` runs once the future is done
+        (at once, in this thread, if it is done already), once; an exception it raises is logged.
+
+        A pending future's callback is kept in its batch's :class:`BatchCondition` (one list per batch,
+        one tuple per callback) rather than in a list of the future's own, and resolving the batch runs
+        them all, in the order they were added: a callback per message, as the official samples publish,
+        costs one append under the condition's lock here and one call there.
+        """
+        condition = self._condition
+        if FAST_PATH and type(condition) is BatchCondition:
+            with condition.lock:
+                if self._state is _PENDING:
+                    condition.callbacks.append((self, fn))
+                    return
+            _run_callback(fn, self)  # done already (or cancelled), as Future runs it
+            return
+        super().add_done_callback(fn)
+
+    def cancel(self) -> bool:
+        """See ``concurrent.futures.Future.cancel``; the callbacks added run once, here."""
+        cancelled = super().cancel()
+        condition = self._condition
+        if cancelled and FAST_PATH and type(condition) is BatchCondition:
+            with condition.lock:
+                mine = [fn for future, fn in condition.callbacks if future is self]
+                if mine:
+                    condition.callbacks = [pair for pair in condition.callbacks if pair[0] is not self]
+            for fn in mine:
+                _run_callback(fn, self)
+        return cancelled
+
     def _run_done_callbacks(self) -> None:
         # What Future.set_result does after resolving, done here rather than through Future's private
         # _invoke_callbacks: each callback once, with this future; an exception is logged, not raised.
@@ -154,17 +194,137 @@ class BatchFuture(concurrent.futures.Future[Any]):
                 _CALLBACK_LOGGER.exception("exception calling callback for %r", self)
 
 
-def resolve_batch(
-    futures: Sequence[concurrent.futures.Future[Any] | asyncio.Future[Any]],
-    condition: threading.Condition | None,
+def _run_callback(fn: Callable[[Any], object], future: Any) -> None:
+    """Call one done-callback as ``concurrent.futures`` does: an exception is logged, not raised."""
+    try:
+        fn(future)
+    except Exception:
+        _CALLBACK_LOGGER.exception("exception calling callback for %r", future)
+
+
+class _Bulk:
+    """What stands in a batch's list of futures for a message of a ``publish_many`` call: always done, so
+    that resolving the batch's futures passes over it; its outcome goes to the call's :class:`ManyResult`
+    through the batch's segments instead."""
+
+    __slots__ = ("__weakref__", "_condition")
+
+    _state = _FINISHED
+
+    def done(self) -> bool:
+        return True
+
+
+#: The one stand-in (see :class:`_Bulk`): a ``publish_many`` message costs one list entry in its batch.
+BULK = _Bulk()
+
+
+class ManyResult:
+    """The outcome of one ``publish_many`` call, message by message, and the one future that gives it.
+
+    Batches carry a call's messages as runs ("segments": where in the batch, how many, where in the call);
+    each run is resolved at once (:meth:`resolved`, :meth:`failed`, on the loop or, for messages refused
+    before they went in, on the caller's thread). Once every message has its outcome the future gets the
+    message IDs in order, or :class:`~hedgepub.PublishManyError` if any failed.
+    """
+
+    __slots__ = ("_errors", "_lock", "_remaining", "future", "message_ids")
+
+    def __init__(self, future: Any, count: int) -> None:
+        #: ``concurrent.futures.Future`` (sync client) or an asyncio future (resolved on its loop).
+        self.future = future
+        self.message_ids: list[str | None] = [None] * count
+        self._errors: dict[int, BaseException] = {}
+        self._remaining = count
+        self._lock = threading.Lock()
+        if not count:
+            self._finish()
+
+    def resolved(self, offset: int, message_ids: Sequence[str]) -> None:
+        """Messages ``offset`` ... ``offset + len(message_ids) - 1`` of the call were published."""
+        with self._lock:
+            self.message_ids[offset : offset + len(message_ids)] = message_ids
+            self._remaining -= len(message_ids)
+            finished = not self._remaining
+        if finished:
+            self._finish()
+
+    def failed(self, offset: int, count: int, error: BaseException) -> None:
+        """Messages ``offset`` ... ``offset + count - 1`` of the call failed with ``error``."""
+        with self._lock:
+            self._errors.update(dict.fromkeys(range(offset, offset + count), error))
+            self._remaining -= count
+            finished = not self._remaining
+        if finished:
+            self._finish()
+
+    def one_done(self, index: int) -> Callable[[Any], None]:
+        """A done-callback for the future of message ``index`` published on its own."""
+
+        def done(future: Any) -> None:
+            error = None if future.cancelled() else future.exception()
+            if future.cancelled():
+                error = PublishError("the message's future was cancelled")
+            if error is None:
+                self.resolved(index, (future.result(),))
+            else:
+                self.failed(index, 1, error)
+
+        return done
+
+    def _finish(self) -> None:
+        future = self.future
+        if future.done():  # cancelled by its owner: the messages were published all the same
+            return
+        if self._errors:
+            future.set_exception(PublishManyError(self.message_ids, dict(sorted(self._errors.items()))))
+        else:
+            future.set_result(self.message_ids)
+
+
+def resolve_segments(
+    segments: Sequence[tuple[ManyResult, int, int, int]],
     message_ids: Sequence[str] | None = None,
     error: BaseException | None = None,
 ) -> None:
-    """Resolve every future of a batch: result ``message_ids[i]``, or ``error`` for all.
+    """Give each ``publish_many`` run of a batch (result, where in the batch, how many, where in the
+    call) its message IDs, or ``error``."""
+    for result, start, count, offset in segments:
+        if error is None:
+            assert message_ids is not None
+            result.resolved(offset, message_ids[start : start + count])
+        else:
+            result.failed(offset, count, error)
+
+
+def resolve_batch(
+    futures: Sequence[Any],
+    condition: threading.Condition | None,
+    message_ids: Sequence[str] | None = None,
+    error: BaseException | None = None,
+    segments: Sequence[tuple[ManyResult, int, int, int]] | None = None,
+) -> None:
+    """Resolve every future of a batch: result ``message_ids[i]``, or ``error`` for all; and its
+    ``publish_many`` runs (``segments``, see :func:`resolve_segments`), after the futures.
 
     Futures already done (cancelled by their owner) are left alone. Asyncio futures must be resolved on
     their loop's thread, which is where the publisher core calls this.
     """
+    if segments:
+        try:
+            _resolve_futures(futures, condition, message_ids, error)
+        finally:
+            resolve_segments(segments, message_ids, error)
+        return
+    _resolve_futures(futures, condition, message_ids, error)
+
+
+def _resolve_futures(
+    futures: Sequence[Any],
+    condition: threading.Condition | None,
+    message_ids: Sequence[str] | None,
+    error: BaseException | None,
+) -> None:
     if not futures:
         return
     # One result per future: its message ID, or None beside the error that all of them share.
@@ -173,9 +333,9 @@ def resolve_batch(
         results: Iterable[str | None] = message_ids
     else:
         results = itertools.repeat(None, len(futures))
-    if FAST_PATH and isinstance(condition, BatchCondition) and not isinstance(futures[0], asyncio.Future):
-        # A batch whose condition is a BatchCondition made its futures BatchFutures.
-        _resolve_fast(futures, condition, results, error)  # type: ignore[arg-type]
+    if FAST_PATH and isinstance(condition, BatchCondition):
+        # A batch whose condition is a BatchCondition made its futures BatchFutures (or BULK).
+        _resolve_fast(futures, condition, results, error)
         return
     for future, message_id in zip(futures, results, strict=True):
         if future.done():
@@ -197,7 +357,7 @@ def _resolve_fast(
 ) -> None:
     pending, finished = _PENDING, _FINISHED
     with_callbacks = []
-    with condition:
+    with condition.lock:
         # Only the futures noted in the condition have waiters or callbacks: those still pending now are
         # the ones this call resolves (a future cancelled by its owner is left alone).
         watched = [future for future in condition.watched if future._state is pending]
@@ -219,8 +379,17 @@ def _resolve_fast(
                     waiter.add_exception(future)
             if future._done_callbacks:
                 with_callbacks.append(future)
+        callbacks = condition.callbacks
+        if callbacks:
+            # Those of futures this call resolved; a future cancelled meanwhile runs its own (cancel).
+            condition.callbacks = [pair for pair in callbacks if pair[0]._state is not finished]
         if condition._waiters:  # type: ignore[attr-defined]  # most batches have none: no notify_all
             condition.notify_all()
     # Callbacks run outside the condition, as Future.set_result runs them.
     for future in with_callbacks:
         future._run_done_callbacks()
+    if callbacks:
+        run = _run_callback
+        for future, fn in callbacks:
+            if future._state is finished:
+                run(fn, future)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hedgepub._publisher.batch import field_size, request_overhead, varint_size
@@ -73,6 +74,126 @@ class MessagePreparer:
                 f"{MAX_REQUEST_BYTES} bytes"
             )
         return message, size, framed
+
+    def prepare_many(self, topic: str, messages: Iterable[Any], ordering_key: str) -> ManyMessages:
+        """Check every message of one ``publish_many`` call, before any is published: each is ``bytes``
+        (data alone), ``(data, attributes)``, or an object with ``data`` and optionally ``attributes`` and
+        ``ordering_key`` (a ``PubsubMessage``); ``ordering_key`` applies to those without their own.
+
+        Raises ``TypeError`` or ``ValueError`` naming the first bad message (``messages[i]: ...``).
+        """
+        if isinstance(messages, (bytes, bytearray, str)):
+            raise TypeError(
+                "messages must be a sequence of messages (bytes, (data, attributes) or PubsubMessage), not "
+                f"{type(messages).__name__}: publish one message with publish()"
+            )
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str; got {type(topic).__name__}")
+        if ordering_key and not isinstance(ordering_key, str):
+            raise TypeError(f"ordering_key must be a str; got {type(ordering_key).__name__}")
+        items = messages if isinstance(messages, list) else list(messages)
+        if not ordering_key and self.idempotency_attribute is None and set(map(type, items)) <= {bytes}:
+            lengths = set(map(len, items))
+            if not lengths or max(lengths) < _SHORT:
+                if len(lengths) <= 1:
+                    return ManyMessages(
+                        items, _framed_plain(lengths.pop() if lengths else 0), None, None, False
+                    )
+                return ManyMessages(
+                    items, [_framed_plain(length) for length in map(len, items)], None, None, False
+                )
+        payloads: list[bytes] = []
+        raw: list[Any] = []
+        framed: list[int] = []
+        elements: list[tuple[bytes, str, dict[str, Any]]] = []
+        keyed = False
+        for index, item in enumerate(items):
+            try:
+                data, key, attributes = (
+                    (item, ordering_key, {}) if type(item) is bytes else _element(item, ordering_key)
+                )
+                message, _size, framed_size = self.prepare(topic, data, key, attributes)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"messages[{index}]: {error}") from None
+            keyed = keyed or bool(key)
+            payloads.append(data)
+            raw.append(message)
+            framed.append(framed_size)
+            elements.append((data, key, attributes))
+        return ManyMessages(payloads, framed, raw, elements, keyed)
+
+
+class ManyMessages:
+    """The messages of one ``publish_many`` call, checked: see :meth:`MessagePreparer.prepare_many`."""
+
+    __slots__ = ("elements", "framed", "keyed", "messages", "payloads")
+
+    def __init__(
+        self,
+        payloads: list[bytes],
+        framed: int | list[int],
+        messages: list[Any] | None,
+        elements: list[tuple[bytes, str, dict[str, Any]]] | None,
+        keyed: bool,
+    ) -> None:
+        #: Each message's data, in order.
+        self.payloads = payloads
+        #: The bytes each takes in a request: one figure when they all take the same, else one each.
+        self.framed = framed
+        #: Each message as a raw ``PubsubMessage`` (``None`` for data alone), or ``None`` if all are data
+        #: alone.
+        self.messages = messages
+        #: Each message as (data, ordering key, attributes), for publishing them one by one; ``None`` if
+        #: all are data alone without an ordering key.
+        self.elements = elements
+        #: Whether any message has an ordering key.
+        self.keyed = keyed
+
+    def one_by_one(self) -> list[tuple[bytes, str, dict[str, Any]]]:
+        """Each message as (data, ordering key, attributes)."""
+        if self.elements is not None:
+            return self.elements
+        return [(data, "", {}) for data in self.payloads]
+
+
+#: Payloads shorter than this take ``length + 5`` bytes or fewer in a request (one- or two-byte lengths).
+_SHORT = 0x3FF0
+
+
+class _Missing:
+    pass
+
+
+def _element(item: Any, ordering_key: str) -> tuple[Any, str, dict[str, Any]]:
+    """One ``publish_many`` message as (data, ordering key, attributes): bytes, ``(data, attributes)``, or
+    an object with ``data`` (and ``attributes``, ``ordering_key``) such as a ``PubsubMessage``."""
+    if isinstance(item, tuple):
+        if len(item) != 2:
+            raise TypeError(f"a message tuple is (data, attributes); got {len(item)} items")
+        data, attributes = item
+        return data, ordering_key, _attributes(attributes)
+    data = getattr(item, "data", _Missing)
+    if data is _Missing:
+        raise TypeError(
+            f"a message is bytes, (data, attributes) or an object with .data (a PubsubMessage); got "
+            f"{type(item).__name__}"
+        )
+    key = getattr(item, "ordering_key", "") or ordering_key
+    return data, key, _attributes(getattr(item, "attributes", None))
+
+
+def _attributes(attributes: Any) -> dict[str, Any]:
+    if not attributes:
+        return {}
+    if not isinstance(attributes, Mapping) and not hasattr(attributes, "items"):
+        raise TypeError(f"attributes must be a mapping of text to text; got {type(attributes).__name__}")
+    return dict(attributes.items())
+
+
+def _framed_plain(length: int) -> int:
+    """Bytes a payload of ``length`` (below ``_SHORT``) takes framed in a request as data alone."""
+    size = (length + 2 if length < 0x80 else length + 3) if length else 0
+    return size + 2 if size < 0x80 else size + 3
 
 
 def check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:

@@ -16,9 +16,10 @@ escapes it, as "The Tail at Scale" sends its backup request to another replica.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from hedgepub._exceptions import RpcError
 from hedgepub._publisher.stats import EndpointStats, latency_histogram, latency_micros, max_ms, percentile_ms
 from hedgepub._status import StatusCode
 from hedgepub._transport.grpc import Transport
+from hedgepub._transport.pool import ConnectionPool
 
 if TYPE_CHECKING:
     from hedgepub._hedging.engine import BatchOutcome
@@ -195,27 +197,30 @@ def check_hedge_endpoints(hedge_endpoints: object, hedging_on: bool) -> tuple[st
 class EndpointRoutes:
     """The endpoints of one publisher: the primary first, then the hedge endpoints in the order given.
 
-    Each endpoint's transport is opened on first use (on the publisher's loop, where gRPC channels must
-    be made) by its ``connect`` function, or given ready-made (tests pass scripted transports).
+    Each endpoint is a :class:`~hedgepub._transport.pool.ConnectionPool`, opened on first use (on the
+    publisher's loop, where gRPC channels must be made): its connections are made by its connect
+    function, or given ready-made (tests pass scripted transports). Which connection of the pool an
+    attempt takes is the pool's choice (:meth:`ConnectionPool.pick`).
     """
 
     def __init__(
         self,
         labels: Sequence[str],
-        connect: Sequence[Callable[[], Transport]],
+        pools: Sequence[ConnectionPool],
         descriptions: Sequence[str] | None = None,
     ) -> None:
-        if not labels or len(labels) != len(connect):
-            raise ValueError("EndpointRoutes needs one connect function per label, the primary first")
+        if not labels or len(labels) != len(pools):
+            raise ValueError("EndpointRoutes needs one connection pool per label, the primary first")
         if len(set(labels)) != len(labels):
             raise ValueError(
                 f"every endpoint must be a different target (hedges to the primary need no hedge "
                 f"endpoint); got {list(labels)!r}"
             )
         self.labels: tuple[str, ...] = tuple(labels)
-        self._connect = tuple(connect)
-        self._transports: list[Transport | None] = [None] * len(labels)
+        self._pools = tuple(pools)
         self._recorders = tuple(_EndpointRecorder(description) for description in (descriptions or labels))
+        for pool, recorder in zip(self._pools, self._recorders, strict=True):
+            pool.description = pool.description or recorder.description
         self._all_open = False
 
     @property
@@ -232,52 +237,50 @@ class EndpointRoutes:
 
     @property
     def connected(self) -> bool:
-        """Whether any endpoint's transport has been opened (or handed over) yet."""
-        return any(transport is not None for transport in self._transports)
+        """Whether any endpoint's connections have been opened (or handed over) yet."""
+        return any(pool.opened for pool in self._pools)
 
-    def transport(self, index: int) -> Transport:
-        """Endpoint ``index``'s transport, opened on first use.
+    def pool(self, index: int) -> ConnectionPool:
+        """Endpoint ``index``'s connection pool, opened on first use.
 
         A hedge endpoint that cannot be opened raises a retryable ``UNAVAILABLE``
         :class:`~hedgepub.RpcError`, which ends its hedge quietly, as an unreachable endpoint's would.
         """
-        transport = self._transports[index]
-        if transport is None:
+        pool = self._pools[index]
+        if not pool.opened:
             try:
-                transport = self._transports[index] = self._connect[index]()
+                pool.open()
             except Exception as error:
                 if index == 0:
                     raise
                 raise RpcError(
                     StatusCode.UNAVAILABLE, f"cannot open hedge endpoint {self.labels[index]}: {error}"
                 ) from error
-        return transport
+        return pool
+
+    def transport(self, index: int) -> Transport:
+        """The transport of endpoint ``index``'s first connection, opened on first use."""
+        return self.pool(index).transport(0)
 
     def open_all(self) -> None:
-        """Open every endpoint's transport now (once), so that no hedge waits for its connection.
+        """Open every endpoint's connections now (once), so that no hedge waits for its connection.
 
-        A hedge endpoint that cannot even be opened is left for :meth:`transport` to report on each of
+        A hedge endpoint that cannot even be opened is left for :meth:`pool` to report on each of
         its hedges; only the primary's failure propagates.
         """
         if self._all_open:
             return
-        self.transport(0)
+        self.pool(0)
         self._all_open = True
         for index in range(1, len(self.labels)):
             try:
-                self.transport(index)
+                self.pool(index)
             except Exception:
                 _LOGGER.warning("hedgepub: cannot open hedge endpoint %s", self.labels[index], exc_info=True)
 
     def recorder(self, index: int) -> _EndpointRecorder:
         """Endpoint ``index``'s counters."""
         return self._recorders[index]
-
-    def channel_connected(self, index: int) -> bool | None:
-        """Whether endpoint ``index``'s channel is connected now (None: not opened, or cannot tell)."""
-        transport = self._transports[index]
-        probe = getattr(transport, "connected", None)
-        return probe() if callable(probe) else None
 
     @property
     def primary_unreachable(self) -> bool:
@@ -315,16 +318,17 @@ class EndpointRoutes:
     def snapshot(self) -> Mapping[str, EndpointStats]:
         """Every endpoint's stats by label, the primary first."""
         return MappingProxyType(
-            {label: recorder.snapshot() for label, recorder in zip(self.labels, self._recorders, strict=True)}
+            {
+                label: dataclasses.replace(recorder.snapshot(), connections=pool.snapshot())
+                for label, recorder, pool in zip(self.labels, self._recorders, self._pools, strict=True)
+            }
         )
 
     async def close(self) -> None:
-        """Close every transport that was opened."""
-        transports, self._transports = self._transports, [None] * len(self.labels)
+        """Close every connection that was opened."""
         self._all_open = False
-        for transport in transports:
-            if transport is not None:
-                await transport.close()
+        for pool in self._pools:
+            await pool.close()
 
     def __repr__(self) -> str:
         return f"EndpointRoutes({list(self.labels)!r})"

@@ -8,19 +8,22 @@ with the metadata of docs/hedging.md (rule 8), inside an OpenTelemetry span when
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hedgepub._clock import Clock
-from hedgepub._exceptions import PublishError, PublishTimeoutError
+from hedgepub._exceptions import PublishError, PublishTimeoutError, RpcError
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._hedging.engine import BatchOutcome, run_batch
 from hedgepub._publisher.batch import Batch
 from hedgepub._publisher.routes import EndpointRoutes
 from hedgepub._settings import HedgingSettings, RetrySettings
+from hedgepub._status import StatusCode
 from hedgepub._transport.grpc import request_metadata
+from hedgepub._transport.pool import ConnectionPool, Lease
 
 if TYPE_CHECKING:
     from hedgepub._publisher.telemetry import PublisherTelemetry
@@ -100,18 +103,37 @@ class BatchSender:
         started = time.time()
         headers: dict[int, tuple[tuple[str, str], ...]] = {}
 
+        # Rule 24: where this batch's running attempts are (their leases, by endpoint), where its original
+        # last failed, and where it was won (rule 26: a loser's connection that gave nothing back since).
+        running: dict[Lease, int] = {}
+        failed_on: list[tuple[int, int] | None] = [None]
+        won_on: list[tuple[int, int] | None] = [None]
+
         async def attempt(attempt_number: int, timeout: float) -> list[str]:
             counts.attempts += 1
             if attempt_number:
                 counts.hedges += 1
-            # The engine says when; the attempt number says where (see hedgepub._publisher.routes).
+            # The engine says when; the attempt number says which endpoint (see hedgepub._publisher.routes)
+            # and the endpoint's pool which connection (see hedgepub._transport.pool).
             index = routes.index_for(attempt_number)
             recorder = routes.recorder(index)
             sent_at = clock.now()
             recorder.started()
             counts.in_flight += 1
+            lease: Lease | None = None
+            pool: ConnectionPool | None = None
             try:
-                transport = routes.transport(index)
+                pool = routes.pool(index)
+                if pool.size == 1:
+                    member = 0
+                else:
+                    avoid = {other.member for other, where in running.items() if where == index}
+                    if attempt_number == 0 and failed_on[0] is not None and failed_on[0][0] == index:
+                        avoid.add(failed_on[0][1])
+                    member = pool.pick(avoid)
+                lease = pool.start(member)
+                running[lease] = index
+                transport = lease.transport
                 metadata = headers.get(attempt_number)
                 if metadata is None:  # retries of the original send the very same metadata
                     metadata = headers[attempt_number] = request_metadata(
@@ -119,15 +141,30 @@ class BatchSender:
                     )
                 request = wire if getattr(transport, "sends_bytes", False) else batch.request
                 ids = await transport.publish(request, metadata, timeout)
+            except asyncio.CancelledError:
+                winner = won_on[0]
+                if lease is not None and pool is not None and winner is not None and winner[0] == index:
+                    pool.lost(lease, winner[1])
+                raise
             except Exception as error:  # not CancelledError: a loser cancelled by the engine did not fail
-                connected = routes.channel_connected(index)
+                connected = pool.connected(lease.member) if pool is not None and lease is not None else None
                 counts.last_error, counts.last_endpoint = str(error), recorder.description
                 counts.last_unreachable = connected is False
                 recorder.failed(error, connected, clock.now())
+                if lease is not None and pool is not None:
+                    if _answered_by_server(error, connected):
+                        pool.answered(lease)
+                    if attempt_number == 0:
+                        failed_on[0] = (index, lease.member)
                 raise
             finally:
+                if lease is not None and pool is not None:
+                    pool.ended(lease)
+                    del running[lease]
                 recorder.ended()
                 counts.in_flight -= 1
+            pool.answered(lease)
+            won_on[0] = (index, lease.member)
             now = clock.now()
             recorder.answered(now - sent_at, now)
             return ids
@@ -160,3 +197,13 @@ class BatchSender:
             told.__cause__ = timeout.__cause__
             outcome = dataclasses.replace(outcome, error=told)
         return outcome
+
+
+def _answered_by_server(error: BaseException, connected: bool | None) -> bool:
+    """Whether a failed attempt's error came from the other end of its connection: a status, on a
+    connection that was connected, other than the timeouts and cancellations gRPC makes up itself."""
+    return (
+        isinstance(error, RpcError)
+        and connected is not False
+        and error.code not in (StatusCode.DEADLINE_EXCEEDED, StatusCode.CANCELLED)
+    )

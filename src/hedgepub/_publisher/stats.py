@@ -42,6 +42,24 @@ def max_ms(histogram: HdrHistogram) -> float:
 
 
 @dataclass(frozen=True)
+class ConnectionStats:
+    """What one connection of an endpoint's pool did (a snapshot; see ``EndpointStats.connections``).
+
+    Attributes:
+        attempts_sent: Publish RPCs sent on it (on every connection it replaced too).
+        attempts_in_flight: attempts on it not answered yet, now.
+        state: ``"warm"`` (takes attempts) or ``"silent"`` (nothing came back in time: takes no new
+            attempt while another connection is warm, probed, replaced if it stays silent).
+        replacements: how many times it was replaced by a new connection after staying silent.
+    """
+
+    attempts_sent: int = 0
+    attempts_in_flight: int = 0
+    state: str = "warm"
+    replacements: int = 0
+
+
+@dataclass(frozen=True)
 class EndpointStats:
     """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
 
@@ -57,6 +75,7 @@ class EndpointStats:
         reachable: False while its latest attempts failed without reaching it (connection refused, no
             route, a silent host), True otherwise (also before the first attempt).
         last_error: the latest failed attempt's error there, as text (None before any failed).
+        connections: each connection of its pool (``channel_pool_size`` of them once it is opened).
     """
 
     attempts_sent: int = 0
@@ -70,6 +89,7 @@ class EndpointStats:
     attempts_in_flight: int = 0
     reachable: bool = True
     last_error: str | None = None
+    connections: tuple[ConnectionStats, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,10 @@ how a local server with IAM enforcement (``hedgepub serve --iam enforce``) learn
 ``credentials=google.oauth2.credentials.Credentials("t-alice")`` with ``endpoint="http://127.0.0.1:8085"``
 or ``PUBSUB_EMULATOR_HOST``. Without explicit credentials nothing is sent, as before.
 
-On both kinds of channel the token is checked before every attempt (hedges included) and refreshed when it
-has expired, once for all the attempts waiting on it. A token that cannot be refreshed fails the attempt
+On both kinds of channel the token is checked before every attempt (hedges included): within 5 minutes of its
+expiry it is refreshed in the background while attempts go on with it (:class:`TokenRefresher`, one refresh
+for every channel of a publisher); a missing or expired one is refreshed while the attempts wait, once for
+all of them. A token that cannot be refreshed fails the attempt
 with ``UNAUTHENTICATED`` (not retried by default), whose message names the credentials and google-auth's
 reason; a refresh error google-auth marks retryable (the token endpoint unreachable) is ``UNAVAILABLE``.
 
@@ -73,16 +75,29 @@ DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform", "https://www.googleapis.com/auth/pubsub")
 PUBLISH_METHOD = "/google.pubsub.v1.Publisher/Publish"
 
+#: The keepalive ping interval (ms): the shortest Google's front ends accept (see CHANNEL_OPTIONS).
+KEEPALIVE_TIME_MS = 30_000
+#: How long a keepalive ping may go unanswered before the connection is closed (ms).
+KEEPALIVE_TIMEOUT_MS = 10_000
 #: A message may be up to 10 MB and a request a little more; leave head room over both.
 MAX_MESSAGE_LENGTH = 20 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
     ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
-    # Pings every 30 s keep long-idle connections through NATs and load balancers alive; servers
-    # (including Google's) accept this rate while calls are open.
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
+    # A ping 30 s after the last activity, while calls are open, answered within 10 s or the connection
+    # is closed: Google's front ends refuse pings more frequent than every 30 s (GOAWAY too_many_pings,
+    # after which gRPC doubles the interval for good), so 30 s is the shortest interval that keeps its
+    # meaning. A dead connection is left much sooner by the pool's own silence check
+    # (hedgepub._transport.pool); keepalive is the bound for the calls the pool cannot see.
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
 )
+#: What a pool's channel adds: a subchannel pool of its own, so that it is its own TCP connection (gRPC
+#: shares one subchannel among channels of the same target and arguments otherwise).
+POOL_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (("grpc.use_local_subchannel_pool", 1),)
+#: The RPC a silent connection is probed with: any answer, even UNIMPLEMENTED, proves the connection
+#: carries calls again; it needs no permission and costs the service no quota.
+PROBE_METHOD = "/grpc.health.v1.Health/Check"
 
 Metadata = Sequence[tuple[str, str]]
 
@@ -257,49 +272,130 @@ def resolve_endpoint(
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True, source="default")
 
 
-class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
-    """Puts google-auth credentials' ``authorization`` header on every call, refreshing the token first.
+#: How long before its expiry a token is refreshed in the background, while attempts go on using it. Above
+#: google-auth's own threshold (3 min 45 s), where ``credentials.valid`` turns false, so that the refresh
+#: is under way before google-auth would have every caller wait for it.
+REFRESH_AHEAD_SECONDS = 300.0
+#: A token this close to its expiry (or past it) is not sent: attempts wait for the refresh, as a missing one.
+EXPIRY_MARGIN_SECONDS = 10.0
 
-    Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for two reasons:
-    a token that cannot be refreshed must fail the publish at once with a clear error (through the plugin
-    it surfaces as a retryable ``UNAVAILABLE`` and is retried until the total timeout), and concurrent
-    attempts (a batch and its hedges) must share one refresh rather than each start their own.
+
+class TokenRefresher:
+    """Keeps google-auth credentials' token fresh for every channel of a publisher (one per publisher, so
+    that its pool's connections share each refresh).
+
+    A token within :data:`REFRESH_AHEAD_SECONDS` of its expiry is refreshed in the background (in a thread,
+    once at a time), and attempts go on with it meanwhile; a missing token, or one within
+    :data:`EXPIRY_MARGIN_SECONDS` of its expiry or past it, makes the attempts wait for the refresh (the
+    one under way, or a new one), as before.
     """
 
-    def __init__(self, credentials: Any, service_url: str) -> None:
-        self._credentials = credentials
-        self._service_url = service_url
+    def __init__(self, credentials: Any) -> None:
+        self.credentials = credentials
         self._auth_request: Any = None
         self._refresh_lock: asyncio.Lock | None = None
+        self._refreshing: asyncio.Future[None] | None = None
+        #: Refreshes started ahead of expiry, and those that failed (logged; retried at the next call).
+        self.background_refreshes = 0
+
+    @property
+    def auth_request(self) -> Any:
+        """google-auth's HTTP request object (made on first use)."""
+        if self._auth_request is None:
+            import google.auth.transport.requests
+
+            self._auth_request = google.auth.transport.requests.Request()
+        return self._auth_request
+
+    def _seconds_left(self) -> float | None:
+        """Seconds until the token expires (None: no expiry known)."""
+        expiry = getattr(self.credentials, "expiry", None)
+        if expiry is None:
+            return None
+        from google.auth import _helpers
+
+        return float((expiry - _helpers.utcnow()).total_seconds())
+
+    def _start_refresh(self) -> asyncio.Future[None]:
+        """The refresh under way, or a new one (in a thread: it may block on HTTP)."""
+        if self._refreshing is None or self._refreshing.done():
+            loop = asyncio.get_running_loop()
+            self._refreshing = loop.run_in_executor(None, self.credentials.refresh, self.auth_request)
+            self._refreshing.add_done_callback(_forget)
+        return self._refreshing
+
+    async def fresh(self) -> bool:
+        """Make the token usable, waiting only when it is missing or expired; True when it is valid for
+        google-auth (``before_request`` may be used), False when it is usable but due for its refresh
+        (already started in the background)."""
+        import google.auth.exceptions
+
+        credentials = self.credentials
+        token = getattr(credentials, "token", None)
+        left = self._seconds_left()
+        if credentials.valid and (left is None or left > REFRESH_AHEAD_SECONDS):
+            return True
+        if token and left is not None and left > EXPIRY_MARGIN_SECONDS:
+            # Due for its refresh but not expired: refresh in the background, go on with this token.
+            if self._refreshing is None or self._refreshing.done():
+                self.background_refreshes += 1
+                self._start_refresh()
+            return bool(credentials.valid)
+        if self._refresh_lock is None:
+            self._refresh_lock = asyncio.Lock()
+        async with self._refresh_lock:  # one refresh at a time; those waiting reuse its token
+            left = self._seconds_left()
+            if credentials.valid and (left is None or left > EXPIRY_MARGIN_SECONDS):
+                return True
+            try:
+                await asyncio.shield(self._start_refresh())
+            except google.auth.exceptions.GoogleAuthError as error:
+                retryable = bool(getattr(error, "retryable", False))
+                raise RpcError(
+                    StatusCode.UNAVAILABLE if retryable else StatusCode.UNAUTHENTICATED,
+                    f"the access token of the {type(credentials).__name__} credentials is missing or "
+                    f"expired and could not be refreshed: {error}",
+                ) from error
+        return True
+
+
+def _forget(future: asyncio.Future[None]) -> None:
+    # A background refresh that failed is retried by the next call (and, once the token expires, waited
+    # for and reported); reading the error keeps asyncio from logging it as never retrieved.
+    if not future.cancelled() and future.exception() is not None:
+        import logging
+
+        logging.getLogger("hedgepub").warning(
+            "hedgepub: refreshing the access token ahead of its expiry failed: %s", future.exception()
+        )
+
+
+class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
+    """Puts google-auth credentials' ``authorization`` header on every call, with a token kept fresh by a
+    :class:`TokenRefresher`.
+
+    Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for three
+    reasons: a token that cannot be refreshed must fail the publish at once with a clear error (through the
+    plugin it surfaces as a retryable ``UNAVAILABLE`` and is retried until the total timeout), concurrent
+    attempts (a batch and its hedges, on every connection of the pool) must share one refresh rather than
+    each start their own, and a token due for its refresh must be refreshed off the publish path.
+    """
+
+    def __init__(self, credentials: Any, service_url: str, refresher: TokenRefresher | None = None) -> None:
+        self._refresher = refresher if refresher is not None else TokenRefresher(credentials)
+        self._credentials = credentials
+        self._service_url = service_url
 
     async def _fresh_headers(self) -> dict[str, str]:
-        import google.auth.exceptions
-        import google.auth.transport.requests
-
-        credentials = self._credentials
-        if self._auth_request is None:
-            self._auth_request = google.auth.transport.requests.Request()
-            self._refresh_lock = asyncio.Lock()
-        if not credentials.valid:
-            assert self._refresh_lock is not None
-            async with self._refresh_lock:  # one refresh at a time; those waiting reuse its token
-                if not credentials.valid:
-                    try:
-                        # Refreshing may block on HTTP; keep the event loop free meanwhile.
-                        await asyncio.get_running_loop().run_in_executor(
-                            None, credentials.refresh, self._auth_request
-                        )
-                    except google.auth.exceptions.GoogleAuthError as error:
-                        retryable = bool(getattr(error, "retryable", False))
-                        raise RpcError(
-                            StatusCode.UNAVAILABLE if retryable else StatusCode.UNAUTHENTICATED,
-                            f"the access token of the {type(credentials).__name__} credentials is missing or "
-                            f"expired and could not be refreshed: {error}",
-                        ) from error
+        refresher = self._refresher
+        valid = await refresher.fresh()
         headers: dict[str, str] = {}
-        # The token is valid now, so this only adds headers (and, for self-signed JWT credentials, signs
-        # one for this service's audience, as gRPC's own plugin would).
-        credentials.before_request(self._auth_request, "POST", self._service_url, headers)
+        if valid:
+            # The token is valid, so this only adds headers (and, for self-signed JWT credentials, signs
+            # one for this service's audience, as gRPC's own plugin would).
+            self._credentials.before_request(refresher.auth_request, "POST", self._service_url, headers)
+        else:  # usable, its refresh under way: google-auth's before_request would wait for a refresh
+            self._credentials.apply(headers)
         return headers
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
@@ -309,25 +405,37 @@ class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ig
 
 
 def create_channel(
-    target: ChannelTarget, credentials: object | None = None, *, root_certificates: bytes | None = None
+    target: ChannelTarget,
+    credentials: object | None = None,
+    *,
+    root_certificates: bytes | None = None,
+    own_connection: bool = False,
+    refresher: TokenRefresher | None = None,
 ) -> grpc.aio.Channel:
     """Open a ``grpc.aio`` channel to ``target`` (call from inside the event loop that will use it).
+
+    ``own_connection`` gives the channel a subchannel pool of its own, hence a TCP connection no other
+    channel shares (a connection pool's members). ``refresher`` is the publisher's token refresher, shared
+    by its channels (default: one of this channel's own).
 
     A secure channel carries google-auth credentials: the ones given, or Application Default
     Credentials; it trusts the system's root certificates, or only ``root_certificates`` (PEM) when
     given (a private CA, a local server with a throwaway certificate). A plain-text channel carries only
     credentials given explicitly, as metadata.
     """
+    options = CHANNEL_OPTIONS + POOL_CHANNEL_OPTIONS if own_connection else CHANNEL_OPTIONS
     host = target.target.removesuffix(":443")
     service_url = f"https://{host}/google.pubsub.v1.Publisher"
     if not target.secure:
         interceptors = (
-            [_BearerTokenInterceptor(credentials, service_url)] if credentials is not None else None
+            [_BearerTokenInterceptor(credentials, service_url, refresher)]
+            if credentials is not None
+            else None
         )
-        # grpc-stubs types aio's client interceptors as a placeholder class "to cast to or ignore".
         return grpc.aio.insecure_channel(
             target.target,
-            options=CHANNEL_OPTIONS,
+            options=options,
+            # grpc-stubs types aio's client interceptors as a placeholder class "to cast to or ignore".
             interceptors=interceptors,  # type: ignore[arg-type]
         )
     import google.auth
@@ -336,15 +444,15 @@ def create_channel(
         return grpc.aio.secure_channel(
             target.target,
             grpc.ssl_channel_credentials(root_certificates=root_certificates),
-            options=CHANNEL_OPTIONS,
+            options=options,
         )
     if credentials is None:
         credentials, _project = google.auth.default(scopes=SCOPES)
     return grpc.aio.secure_channel(
         target.target,
         grpc.ssl_channel_credentials(root_certificates=root_certificates),
-        options=CHANNEL_OPTIONS,
-        interceptors=[_BearerTokenInterceptor(credentials, service_url)],  # type: ignore[list-item]  # as above
+        options=options,
+        interceptors=[_BearerTokenInterceptor(credentials, service_url, refresher)],  # type: ignore[list-item]  # as above
     )
 
 
@@ -366,6 +474,9 @@ class GrpcTransport:
             request_serializer=_serialize_request,
             response_deserializer=PublishResponsePb.FromString,
         )
+        self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
+        #: Whether the channel was READY when last seen (kept up to date by :meth:`keep_connected`).
+        self.ready = True
 
     @classmethod
     def connect(
@@ -390,6 +501,29 @@ class GrpcTransport:
         except grpc.RpcError as error:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
+
+    def keep_connected(self) -> None:
+        """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
+        it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
+        seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
+        left pending while the publisher is idle (a forked child inherits it)."""
+        self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+
+    async def probe(self, timeout: float) -> bool:
+        """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within
+        ``timeout``; any status it sends counts, a timeout or a connection that fails does not."""
+        try:
+            await self._probe(b"", timeout=timeout)
+        except grpc.RpcError as error:
+            code = error.code() if callable(getattr(error, "code", None)) else None
+            return code not in (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+            )
+        except RpcError:  # the token interceptor's refusal: the connection is not what fails
+            return True
+        return True
 
     def connected(self) -> bool:
         """Whether the channel is connected now (READY): a failed call on a channel that is not could not

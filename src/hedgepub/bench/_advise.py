@@ -6,11 +6,12 @@ latencies, a Cloud Monitoring export of ``pubsub.googleapis.com/topic/send_reque
 hedgepub's own ``hedgepub.publish.latency`` histogram (OTLP JSON, or the Python SDK's ``to_json``),
 read by :mod:`hedgepub.bench._latencies`.
 
-They are replayed through hedgepub's own hedging engine (:func:`hedgepub._hedging.engine.run_batch`, the
-driver every publisher uses, with its token bucket and adaptive delay) on virtual time
-(:func:`hedgepub.testing.virtual_time.run_virtual`): each recorded publish starts a batch at its moment,
-and every attempt the engine sends (the original, its retries, each hedge) waits a latency taken from
-the measurements. Which latency an attempt gets depends on what the measurements say about time:
+They are replayed through hedgepub's own hedging engine (the decision core
+:class:`hedgepub._hedging.engine.HedgingCore` every publisher runs, with its token bucket and adaptive
+delay) on virtual time, by a discrete-event driver of its own (:func:`_replay_events`, held to the
+publishers' asyncio driver batch for batch by the tests): each recorded publish starts a batch at its
+moment, and every attempt the engine sends (the original, its retries, each hedge) waits a latency taken
+from the measurements. Which latency an attempt gets depends on what the measurements say about time:
 
 * ``trace`` (per-publish samples with send times: a bench run or a CSV with ``sent_at_s``): the
   original gets the latency recorded for that publish; a hedge or retry sent at time ``t`` gets the
@@ -29,11 +30,12 @@ let the bucket's initial tokens stand in for what its refill ratio can pay for i
 
 from __future__ import annotations
 
-import asyncio
 import bisect
+import heapq
 import json
 import math
 import random
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -208,15 +210,10 @@ def replay(
     at the start, as a bench run's warm-up left its estimator (``config.run.hedge_delay_at_start_ms``
     and ``config.warmup_publishes``); they age out of its windows as the live ones did.
     """
-    from hedgepub.testing.virtual_time import run_virtual
-
     retry = retry or RetrySettings()
     source = _LatencySource(samples, model, rate or samples.rate() or DEFAULT_RATE, seed)
-    outcomes = run_virtual(
-        _replay_all(source, hedging, retry, full_bucket, passes, initial_tokens, initial_delay)
-    )
-    latencies = sorted(o.latency * 1000.0 for o in outcomes if o.ok)
-    attempts = sum(o.attempts_sent for o in outcomes)
+    tally = _replay_events(source, hedging, retry, full_bucket, passes, initial_tokens, initial_delay)
+    latencies = sorted(tally.latencies_ms)
     chosen = candidate(hedging)
     return Prediction(
         name=name or chosen.name,
@@ -227,15 +224,51 @@ def replay(
         p99_ms=_percentile(latencies, 99.0),
         p999_ms=_percentile(latencies, 99.9),
         max_ms=latencies[-1] if latencies else math.nan,
-        extra_rpcs=attempts / len(outcomes) - 1.0,
-        hedges_sent=sum(o.hedges_sent for o in outcomes),
-        hedges_won=sum(1 for o in outcomes if o.hedge_won),
-        publishes=len(outcomes),
-        failed=sum(1 for o in outcomes if not o.ok),
+        extra_rpcs=tally.attempts / tally.publishes - 1.0,
+        hedges_sent=tally.hedges_sent,
+        hedges_won=tally.hedges_won,
+        publishes=tally.publishes,
+        failed=tally.failed,
     )
 
 
-async def _replay_all(
+@dataclass
+class _Tally:
+    """What the reported pass of a replay did."""
+
+    latencies_ms: array[float] = field(default_factory=lambda: array("d"))
+    attempts: int = 0
+    hedges_sent: int = 0
+    hedges_won: int = 0
+    publishes: int = 0
+    failed: int = 0
+
+
+class _Batch:
+    """One replayed batch: its engine core and what its driver keeps (due timers, attempts running)."""
+
+    __slots__ = ("core", "due", "first", "index", "pass_start", "reported", "running")
+
+    def __init__(self, core: Any, index: int, pass_start: float, reported: bool) -> None:
+        self.core = core
+        self.index = index
+        self.pass_start = pass_start
+        #: The original's first try is still to be sent (it gets the batch's own recorded latency).
+        self.first = True
+        #: When each of the core's running timers is due.
+        self.due: dict[Any, float] = {}
+        #: The attempts in flight, by attempt id.
+        self.running: set[int] = set()
+        self.reported = reported
+
+
+# What a queued event is: the answer of a batch settled without its core (see settled_at_once), an
+# attempt's answer, one of the core's timers.
+_SETTLED, _ANSWER, _TIMER = 0, 1, 2
+_IDS = ("0",)
+
+
+def _replay_events(
     source: _LatencySource,
     hedging: HedgingSettings | None,
     retry: RetrySettings,
@@ -243,13 +276,29 @@ async def _replay_all(
     passes: int,
     initial_tokens: float | None = None,
     initial_delay: tuple[float, int] | None = None,
-) -> list[Any]:
-    # The engine's own pieces, as a publisher builds them for one topic.
+    shortcut: bool = True,
+) -> _Tally:
+    """Play the schedule through the engine's decision core (:class:`~hedgepub._hedging.engine.HedgingCore`,
+    which every publisher's driver runs), as a discrete-event simulation on virtual time.
+
+    The driver is the replay's own, not asyncio's: one queue of events (batch starts, attempt answers,
+    the core's timers) ordered by time and, at the same time, by when they were queued; each event goes
+    to its batch's core and the actions that come back are carried out at once (an attempt sent queues
+    its answer at ``now`` plus the latency the model gives it; a timer started queues its firing; a
+    cancelled one is forgotten). Batch starts are taken from the schedule in order, so the queue holds
+    only the batches in flight: memory follows the concurrency, not the length of the schedule.
+    """
     from hedgepub._hedging.bucket import TokenBucket
     from hedgepub._hedging.delay import AdaptiveDelayEstimator
-    from hedgepub._hedging.engine import BatchOutcome, run_batch
+    from hedgepub._hedging.engine import (
+        CancelAttempt,
+        CancelTimer,
+        HedgingCore,
+        Resolve,
+        SendAttempt,
+        StartTimer,
+    )
 
-    loop = asyncio.get_running_loop()
     bucket = TokenBucket.from_settings(hedging) if hedging is not None else None
     if bucket is not None and (full_bucket or initial_tokens is not None):
         wanted = bucket.max_tokens if initial_tokens is None else min(initial_tokens, bucket.max_tokens)
@@ -261,45 +310,130 @@ async def _replay_all(
         delay_source = AdaptiveDelayEstimator(
             hedging.adaptive_delay, fallback=hedging.hedge_delay, limit=adaptive_delay_limit(retry)
         )
-    arrivals = source.arrivals
+    arrivals, originals = source.arrivals, source.originals
+    count = len(arrivals)
     # one pass after the other, a mean gap apart
-    period = arrivals[-1] + (arrivals[-1] / (len(arrivals) - 1) if len(arrivals) > 1 else 1.0)
-    start = loop.time()
+    period = arrivals[-1] + (arrivals[-1] / (count - 1) if count > 1 else 1.0)
     if delay_source is not None and initial_delay is not None:
-        seconds, count = initial_delay
-        for _ in range(count):
-            delay_source.record(seconds, start)
+        seconds, recorded = initial_delay
+        for _ in range(recorded):
+            delay_source.record(seconds, 0.0)
+    passes = max(1, passes)
+    tally = _Tally()
+    queue: list[tuple[float, int, int, Any, Any]] = []
+    sequence = 0
+    # batches in flight with their core (carry_out counts one down when it resolves)
+    active = 0
+    push, pop = heapq.heappush, heapq.heappop
 
-    async def one(index: int, pass_start: float) -> BatchOutcome:
-        first = True
+    def carry_out(batch: _Batch, actions: list[Any], now: float) -> None:
+        nonlocal sequence, active
+        for action in actions:
+            kind = type(action)
+            if kind is StartTimer:
+                due = now + action.delay
+                batch.due[action.timer] = due
+                sequence += 1
+                push(queue, (due, sequence, _TIMER, batch, action.timer))
+            elif kind is SendAttempt:
+                if action.attempt_number == 0 and batch.first:
+                    batch.first = False
+                    latency = originals[batch.index]
+                else:
+                    latency = source.other(batch.index, now - batch.pass_start)
+                batch.running.add(action.attempt_id)
+                sequence += 1
+                push(queue, (now + latency, sequence, _ANSWER, batch, action.attempt_id))
+            elif kind is CancelTimer:
+                batch.due.pop(action.timer, None)
+            elif kind is CancelAttempt:
+                batch.running.discard(action.attempt_id)
+            elif kind is Resolve:
+                active -= 1
+                batch.due.clear()
+                batch.running.clear()
+                if batch.reported:
+                    outcome = action.outcome
+                    tally.publishes += 1
+                    tally.attempts += outcome.attempts_sent
+                    tally.hedges_sent += outcome.hedges_sent
+                    if outcome.ok:
+                        tally.latencies_ms.append(outcome.latency * 1000.0)
+                        tally.hedges_won += outcome.hedge_won
+                    else:
+                        tally.failed += 1
 
-        async def attempt(attempt_number: int, timeout: float) -> Sequence[str]:
-            nonlocal first
-            if attempt_number == 0 and first:
-                first = False
-                latency = source.originals[index]
-            else:
-                latency = source.other(index, loop.time() - pass_start)
-            await asyncio.sleep(latency)
-            return (f"{index}",)
+    total_timeout, first_timeout = retry.total_timeout, retry.rpc_timeout(0)
 
-        await asyncio.sleep(max(0.0, pass_start + arrivals[index] - loop.time()))
-        return await run_batch(
-            attempt,
-            message_count=1,
-            retry=retry,
-            hedging=hedging,
-            bucket=bucket,
-            delay_source=delay_source,
-        )
+    def settled_at_once(index: int, start_at: float) -> bool:
+        """Whether the batch's original answers before any of its timers is due (most batches do).
 
-    batches = [
-        one(index, start + number * period)
-        for number in range(max(1, passes))
-        for index in range(len(arrivals))
-    ]
-    outcomes = await asyncio.gather(*batches)
-    return list(outcomes[-len(arrivals) :])
+        Such a batch's core only asks the delay source for its hedge delay at the start (asked here; a
+        second ask at the same moment gets the same answer), and on the answer refills the bucket and
+        tells the source the latency (done by the ``_SETTLED`` event); its timers (the deadline's, the
+        attempt's timeout, the first hedge) are cancelled unseen. So it is settled without the core and
+        its timers. The comparisons are the event queue's on the same floats as ``HedgingCore.start``
+        and ``carry_out`` compute them: the deadline's timer is queued before the answer and wins a tie,
+        the attempt's timeout and the hedge after it.
+        """
+        answer_at = start_at + originals[index]
+        deadline = start_at + total_timeout
+        if answer_at >= start_at + total_timeout:
+            return False
+        if answer_at > start_at + min(first_timeout, deadline - start_at):
+            return False
+        if hedging is not None:
+            delay = hedging.hedge_delay if delay_source is None else delay_source.delay(start_at)
+            at = start_at + delay
+            if at < deadline and answer_at > start_at + (at - start_at):
+                return False
+        return True
+
+    # batches in flight: with their core (active), settled without it (settling)
+    next_start, total, settling = 0, passes * count, 0
+    while next_start < total or queue:
+        if len(queue) > 4 * (active + settling) + 1024:
+            # a resolved batch leaves its timers queued (its deadline's, 600 s on): drop them
+            queue[:] = [entry for entry in queue if entry[2] == _SETTLED or not entry[3].core.resolved]
+            heapq.heapify(queue)
+        if next_start < total:
+            number, index = divmod(next_start, count)
+            start_at = number * period + arrivals[index]
+            if not queue or start_at <= queue[0][0]:
+                next_start += 1
+                reported = number == passes - 1
+                if shortcut and settled_at_once(index, start_at):
+                    sequence += 1
+                    settling += 1
+                    push(queue, (start_at + originals[index], sequence, _SETTLED, start_at, reported))
+                    continue
+                active += 1
+                batch = _Batch(
+                    HedgingCore(1, retry, hedging, bucket, delay_source), index, number * period, reported
+                )
+                carry_out(batch, batch.core.start(start_at), start_at)
+                continue
+        now, _, what, batch, key = pop(queue)
+        if what == _SETTLED:
+            settling -= 1
+            # what HedgingCore.attempt_succeeded does for the original's first try, and its outcome
+            if bucket is not None:
+                bucket.refill()
+            if delay_source is not None:
+                delay_source.record(now - batch, now)
+            if key:
+                tally.publishes += 1
+                tally.attempts += 1
+                tally.latencies_ms.append((now - batch) * 1000.0)
+            continue
+        if what == _ANSWER:
+            if key in batch.running:
+                batch.running.discard(key)
+                carry_out(batch, batch.core.attempt_succeeded(key, _IDS, now), now)
+        elif batch.due.get(key) == now:
+            del batch.due[key]
+            carry_out(batch, batch.core.timer_fired(key, now), now)
+    return tally
 
 
 # ---- the advice ---------------------------------------------------------------------------------------

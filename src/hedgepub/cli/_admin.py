@@ -258,8 +258,11 @@ def _connection_options(command: _Command) -> _Command:
 
 
 @contextlib.contextmanager
-def _errors_to_exit_codes(target: _Target, what: str = "") -> Iterator[None]:
-    """Turn a failed request into a one-line message on stderr and the documented exit code."""
+def _errors_to_exit_codes(target: _Target, what: str = "", exists: str = "") -> Iterator[None]:
+    """Turn a failed request into a one-line message on stderr and the documented exit code.
+
+    ``what`` names the resource a NOT_FOUND is about, ``exists`` the one an ALREADY_EXISTS is about
+    (``what`` when not given)."""
     try:
         yield
     except PublishError as error:
@@ -271,7 +274,7 @@ def _errors_to_exit_codes(target: _Target, what: str = "") -> Iterator[None]:
         elif code is StatusCode.NOT_FOUND:
             message = f"{what or 'resource'} not found: {error}"
         elif code is StatusCode.ALREADY_EXISTS:
-            message = f"{what or 'resource'} already exists: {error}"
+            message = f"{exists or what or 'resource'} already exists: {error}"
         else:
             message = str(error)
         click.echo(f"error: {message}", err=True)
@@ -343,7 +346,10 @@ def subscriptions_create(
     """Create SUBSCRIPTION on --topic and print its path."""
     path = target.path("subscriptions", name)
     topic_path = target.path("topics", topic)
-    with target.admin() as admin, _errors_to_exit_codes(target, f"subscription {path} or topic {topic_path}"):
+    with (
+        target.admin() as admin,
+        _errors_to_exit_codes(target, f"topic {topic_path}", exists=f"subscription {path}"),
+    ):
         created = admin.create_subscription(
             path, topic_path, ack_deadline_seconds=ack_deadline, push_endpoint=push_endpoint
         )
@@ -447,6 +453,9 @@ def publish(
 
     path = target.path("topics", topic)
     payload = _read_data(data, data_file)  # before any request: a usage error costs no round trip
+    if not payload and not attributes:
+        # Pub/Sub refuses a message with neither (INVALID_ARGUMENT): say so without sending it
+        raise click.UsageError("the message is empty: give data (standard input was empty?) or an --attr")
     # GetTopic first: an absent server or topic is then reported at once instead of after retries. A
     # caller who may publish but not view the topic (roles/pubsub.publisher alone) goes on to publish.
     with target.admin() as admin, _errors_to_exit_codes(target, f"topic {path}"):
@@ -506,7 +515,9 @@ def _describe(received: Any, as_json: bool) -> str:
             }
         )
     attributes = " ".join(f"{key}={value}" for key, value in sorted(message.attributes.items()))
-    return f"{message.message_id}\t{data}" + (f"\t{attributes}" if attributes else "")
+    # the data's own line end (text piped in usually has one) would put the attributes on a line of their own
+    shown = data[:-2] if data.endswith("\r\n") else data[:-1] if data.endswith("\n") else data
+    return f"{message.message_id}\t{shown}" + (f"\t{attributes}" if attributes else "")
 
 
 @click.command(epilog=PULL_EXIT_CODES, short_help="Pull (and ack) messages from a subscription.")

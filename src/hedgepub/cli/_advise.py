@@ -1,10 +1,12 @@
 """``hedgepub advise``: hedging settings for any client, predicted from measured publish latencies.
 
-Exit codes: 0 done; 1 the input cannot be read (missing, malformed, no latencies); 2 bad usage.
+Exit codes: 0 done; 1 the input cannot be read or is refused (missing, malformed, no latencies, beyond
+the limits of hedgepub.bench._latencies); 2 bad usage.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from hedgepub.bench._advise import (
     grid,
     write_advice_json,
 )
-from hedgepub.bench._latencies import INPUT_KINDS, load_latencies
+from hedgepub.bench._latencies import INPUT_KINDS, MAX_PUBLISHES, load_latencies
 from hedgepub.bench._snippets import CLIENT_SETTINGS, snippets
 from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
 
@@ -36,11 +38,24 @@ def _numbers(kind: Callable[[str], Any]) -> Callable[[click.Context, click.Param
 
     def parse(ctx: click.Context, param: click.Parameter, value: str) -> tuple[Any, ...]:
         try:
-            return tuple(kind(part) for part in value.split(",") if part.strip())
-        except ValueError:
+            numbers = tuple(kind(part) for part in value.split(",") if part.strip())
+            if not all(math.isfinite(number) for number in numbers):
+                raise ValueError("not finite")
+            return numbers
+        except (ValueError, OverflowError):
             raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
 
     return parse
+
+
+class _FiniteRange(click.FloatRange):
+    """A float range that refuses NaN (which every comparison lets through) and infinities."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _joined(values: tuple[Any, ...]) -> str:
@@ -77,7 +92,7 @@ def _table(advice: Advice, shown: list[Prediction]) -> Table:
 @click.command(
     short_help="Recommend hedging settings from measured publish latencies.",
     epilog=exit_codes_help(
-        (EXIT_OK, "done"), (EXIT_FAILED, "the input cannot be read"), (EXIT_USAGE, "bad usage")
+        (EXIT_OK, "done"), (EXIT_FAILED, "the input cannot be read or is refused"), (EXIT_USAGE, "bad usage")
     ),
 )
 @click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
@@ -127,7 +142,7 @@ def _table(advice: Advice, shown: list[Prediction]) -> Table:
 )
 @click.option(
     "--max-extra-rpcs",
-    type=click.FloatRange(0, 10),
+    type=_FiniteRange(0, 10),
     default=0.1,
     show_default=True,
     help="The most extra RPCs per publish the recommendation may cost (0.1: 10%).",
@@ -143,9 +158,16 @@ def _table(advice: Advice, shown: list[Prediction]) -> Table:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=_FiniteRange(min=0, max=100_000, min_open=True),
     default=None,
     help="Publishes per second of the replay's schedule when the input has no send times  [default: 40]",
+)
+@click.option(
+    "--max-publishes",
+    type=click.IntRange(1, 10_000_000),
+    default=MAX_PUBLISHES,
+    show_default=True,
+    help="The most per-publish latencies read (a CSV's rows, a bench publisher's samples); more is refused.",
 )
 @click.option("--seed", type=int, default=1, show_default=True, help="Seeds the replay's draws.")
 @click.option(
@@ -176,6 +198,7 @@ def advise_command(
     max_extra_rpcs: float,
     model: str,
     rate: float | None,
+    max_publishes: int,
     seed: int,
     passes: int,
     show_all: bool,
@@ -198,7 +221,7 @@ def advise_command(
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     try:
-        samples = load_latencies(source, kind, publisher)  # type: ignore[arg-type]  # click.Choice checked
+        samples = load_latencies(source, kind, publisher, max_publishes)  # type: ignore[arg-type]  # click.Choice checked
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise click.ClickException(f"cannot read latencies from {source}: {error}") from None
     console = Console()

@@ -345,7 +345,7 @@ def bench(
     )
     console.print(
         f"[bold]hedgepub bench[/]: {config.messages:,} publishes per publisher at {config.rate:g}/s each "
-        f"(about {config.expected_seconds():.0f} s), {injected}, "
+        f"(measured for about {config.expected_seconds():.0f} s, after the warm-up), {injected}, "
         f"hedge delays {delay_text(config.hedge_delays)}, bucket {config.max_tokens} tokens "
         f"refilled {config.refill_ratio:g} per batch"
     )

@@ -253,7 +253,7 @@ def serve(
     counts = injector.counts
     if counts.calls:
         click.echo(
-            f"fault injection: {counts.calls} calls met a rule, "
+            f"fault injection: {counts.calls} call{'s' if counts.calls != 1 else ''} met a rule, "
             f"{counts.delayed} delayed, {counts.failed} failed"
             + (f", {counts.stalled} stalled" if counts.stalled else ""),
             err=True,

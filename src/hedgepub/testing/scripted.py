@@ -46,6 +46,11 @@ class ScriptedTransport:
         self.calls: list[ScriptedCall] = []
         self.closed = False
         self._next_id = 0
+        #: How a probe of this connection (by a publisher's connection pool, when it went silent) is
+        #: answered: seconds until the answer, or None for no answer at all (the probe times out).
+        self.probe_delay: float | None = 0.0
+        #: The times (on the running loop's clock) probes were sent.
+        self.probes: list[float] = []
 
     def next_ids(self, count: int) -> list[str]:
         """``count`` fresh message IDs."""
@@ -91,6 +96,18 @@ class ScriptedTransport:
             raise
         call.outcome = "ok"
         return list(ids)
+
+    async def probe(self, timeout: float) -> bool:
+        """Answer a probe after :attr:`probe_delay` seconds, if that is within ``timeout``."""
+        loop = asyncio.get_running_loop()
+        self.probes.append(loop.time())
+        delay = self.probe_delay
+        if delay is None or delay > timeout:
+            await asyncio.sleep(timeout)
+            return False
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return True
 
     async def close(self) -> None:
         """Mark the transport closed."""

@@ -8,6 +8,7 @@
 // INTEROP_MESSAGES (ordered messages to publish, default 5), INTEROP_TIMEOUT_MS (default 45000).
 import {createRequire} from 'node:module';
 import {PubSub} from '@google-cloud/pubsub';
+import {fail, run} from './harness.mjs';
 
 const require = createRequire(import.meta.url);
 const clientVersion = require('@google-cloud/pubsub/package.json').version;
@@ -23,13 +24,6 @@ const timeoutMs = Number(process.env.INTEROP_TIMEOUT_MS || 45000);
 const orderingKey = 'interop-key';
 // After the last ack, how long to watch for a delivery that should not come.
 const quietMs = 500;
-
-function fail(message) {
-  process.stderr.write(`interop failed: ${message}\n`);
-  process.stdout.write(`${JSON.stringify({ok: false, error: message})}\n`);
-  // exit() rather than a thrown error: open gRPC streams would otherwise keep the process alive.
-  process.exit(1);
-}
 
 function check(condition, message) {
   if (!condition) fail(message);
@@ -169,12 +163,4 @@ async function main() {
   };
 }
 
-const timer = setTimeout(() => fail(`timed out after ${timeoutMs} ms`), timeoutMs);
-main().then(
-  summary => {
-    clearTimeout(timer);
-    process.stdout.write(`${JSON.stringify(summary)}\n`);
-    process.exit(0);
-  },
-  error => fail(`${error?.code ?? ''} ${error?.stack ?? error}`.trim())
-);
+run(main, timeoutMs);

@@ -155,3 +155,24 @@ def test_streaming_pull_can_be_delayed_and_failed_at_open(
     counts = server.faults.counts["StreamingPull"]
     assert counts.calls >= 1
     assert counts.delays[0.2] >= 1
+
+
+def test_a_call_the_client_cancelled_is_logged_and_counted_as_cancelled(
+    server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A real client whose deadline (100 ms) is shorter than the injected delay (400 ms): the request log
+    # said "Publish OK 104.9 ms" for it; it says the client cancelled, and the counts agree.
+    import logging
+
+    server.faults.set("Publish", FaultRule(latency="400ms"))
+    with caplog.at_level(logging.DEBUG, logger="hedgepub.server.requests"):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            asyncio.run(_publish(server.address, b"too late", timeout=0.1))
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10
+        while not any("Publish" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Publish ")]
+    assert lines and all("CANCELLED by the client" in line for line in lines), lines
+    assert not any(line.startswith("Publish OK") for line in lines)
+    assert server.faults.counts["Publish"].cancelled_during_delay == 1

@@ -32,9 +32,13 @@ _HANDLER_FACTORIES: Mapping[tuple[bool, bool], Callable[..., grpc.RpcMethodHandl
 def behavior_of(handler: grpc.RpcMethodHandler[Any, Any]) -> Callable[..., Any]:
     """The function a handler calls: the one of its four that fits its streaming kinds."""
     # The one of the four that fits is set (the stubs type each as optional).
-    if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary  # type: ignore[return-value]
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary  # type: ignore[return-value]
+    function = (
+        (handler.stream_stream if handler.response_streaming else handler.stream_unary)
+        if handler.request_streaming
+        else (handler.unary_stream if handler.response_streaming else handler.unary_unary)
+    )
+    assert function is not None
+    return function
 
 
 def rebuilt(

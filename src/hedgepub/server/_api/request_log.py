@@ -22,10 +22,17 @@ __all__ = ["REQUEST_LOG", "call_peer", "log_request"]
 REQUEST_LOG = logging.getLogger("hedgepub.server.requests")
 
 
-def log_request(name: str, context: grpc.aio.ServicerContext[Any, Any], seconds: float) -> None:
-    """Log the call of method ``name`` (short name) that took ``seconds``, with its status and peer."""
+def log_request(
+    name: str, context: grpc.aio.ServicerContext[Any, Any], seconds: float, cancelled: bool = False
+) -> None:
+    """Log the call of method ``name`` (short name) that took ``seconds``, with its status and peer;
+    ``cancelled``: its task was cancelled (the client cancelled, or its deadline passed)."""
     code = context.code()
-    status = "OK" if code is None else getattr(code, "name", str(code))
+    if cancelled or context.cancelled():
+        # the client cancelled, or its deadline passed: nobody got an answer, whatever the handler did
+        status = "CANCELLED by the client"
+    else:
+        status = "OK" if code is None else getattr(code, "name", str(code))
     attempt = ""
     for key, value in context.invocation_metadata() or ():
         if key == CLIENT_TELEMETRY_KEY:

@@ -214,13 +214,16 @@ class FaultInjector(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # ge
             if inspect.iscoroutinefunction(behavior):
                 # The handler writes with context.write() and returns nothing.
                 async def writes(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-                    started = self._clock.now()
+                    started, cancelled = self._clock.now(), False
                     try:
                         await before(request, context)
                         await behavior(request, context)
+                    except asyncio.CancelledError:
+                        cancelled = True
+                        raise
                     finally:
                         if log_requests:
-                            log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started, cancelled)
 
                 wrapped = writes
             else:
@@ -228,30 +231,36 @@ class FaultInjector(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # ge
                 async def streams(
                     request: Any, context: grpc.aio.ServicerContext[Any, Any]
                 ) -> AsyncIterator[Any]:
-                    started = self._clock.now()
+                    started, cancelled = self._clock.now(), False
                     try:
                         await before(request, context)
                         async for response in as_async_iterator(behavior(request, context)):
                             yield response
+                    except asyncio.CancelledError:
+                        cancelled = True
+                        raise
                     finally:
                         if log_requests:
-                            log_request(name, context, self._clock.now() - started)
+                            log_request(name, context, self._clock.now() - started, cancelled)
 
                 wrapped = streams
 
         else:
 
             async def answers(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                started = self._clock.now()
+                started, cancelled = self._clock.now(), False
                 try:
                     await before(request, context)
                     result = behavior(request, context)
                     if inspect.isawaitable(result):
                         result = await result
                     return result
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
                 finally:
                     if log_requests:
-                        log_request(name, context, self._clock.now() - started)
+                        log_request(name, context, self._clock.now() - started, cancelled)
 
             wrapped = answers
         return rebuilt(handler, wrapped)

@@ -73,7 +73,7 @@ class Consumers:
         self._may_forward = may_forward
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: The lease timers of every subscription.
-        self.leasing = Leasing(clock, self._dead_letter, self._discard, self._attempted)
+        self.leasing = Leasing(clock, self._dead_letter, self._discard, self._attempted, self._withdrawn)
         #: Delivery attempts to record, per subscription (sequence -> count), and the writes under way.
         self._attempts_due: dict[str, dict[int, int]] = {}
         self._attempts_writes: set[asyncio.Task[None]] = set()
@@ -122,7 +122,7 @@ class Consumers:
 
     def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
-        if not state.ready and not state.more:
+        if not state.ready and not state.more and not state.held_lines:
             return []
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
@@ -136,6 +136,12 @@ class Consumers:
         # Read from the store but never to be delivered (a filter refused them before a crash let the
         # publish-time acknowledgement happen): acknowledged now, in the background.
         self._spawn(self._store.ack(state.name, sequences))
+
+    def _withdrawn(self, state: SubscriptionState, sequences: list[int]) -> None:
+        # Leases ended to keep an ordering key in order: an exactly-once subscription forgets their
+        # records, so that a restart does not restore them ahead of the earlier message redelivered.
+        if state.config.enable_exactly_once_delivery:
+            self._spawn(self._store.drop_leases(state.name, sequences))
 
     def _attempted(self, state: SubscriptionState, pending: Pending) -> None:
         """A delivery under a dead-letter policy ended unacknowledged: record its count in the store.
@@ -223,7 +229,7 @@ class Consumers:
         # The activity is recorded before the answer (see expiration.py); awaited at the end, so that the
         # write overlaps the wait for messages.
         recorded = self._expiration.touch(subscription)
-        consumer = Consumer(float(state.config.ack_deadline_seconds))
+        consumer = Consumer(float(state.config.ack_deadline_seconds), group=state.pull_group)
         taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
             await self._record_leases(state, taken)

@@ -40,19 +40,36 @@ class Consumer:
         "ack_deadline",
         "closed",
         "confirmations",
+        "group",
         "max_bytes",
         "max_messages",
+        "one_per_key",
         "outstanding_bytes",
         "outstanding_messages",
     )
 
-    def __init__(self, ack_deadline: float, max_messages: int = 0, max_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        ack_deadline: float,
+        max_messages: int = 0,
+        max_bytes: int = 0,
+        *,
+        group: object | None = None,
+        one_per_key: bool = False,
+    ) -> None:
         self.ack_deadline = ack_deadline
         self.max_messages = max_messages  # 0: no limit
         self.max_bytes = max_bytes  # 0: no limit
         self.outstanding_messages = 0
         self.outstanding_bytes = 0
         self.closed = False
+        #: Who the messages of an ordering key stay with while some are outstanding (ordered
+        #: subscriptions): the consumer itself (a stream, a push worker), or a token its subscription's
+        #: unary Pull calls share, so that the next Pull goes on with a key where the last one left it.
+        self.group: object = self if group is None else group
+        #: At most one outstanding message per ordering key (push delivery, as the real service does);
+        #: otherwise several, in order, up to the flow-control limits.
+        self.one_per_key = one_per_key
         #: What a stream owes its client besides messages (exactly-once confirmations of its acks and
         #: modacks, kept by the service layer); ``None`` when nothing.
         self.confirmations: Any = None
@@ -149,6 +166,9 @@ PageSource = Callable[[str, int, int, int], Sequence[tuple[int, Any]]]
 AttemptsHook = Callable[[H, Pending], None]
 #: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
 AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
+#: Called with the sequences whose leases the service took back to keep an ordering key in order (a
+#: redelivery of an earlier message of the key): exactly-once subscriptions forget their recorded leases.
+WithdrawnHook = Callable[[H, list[int]], None]
 
 
 class Leasing(Generic[H]):
@@ -161,11 +181,13 @@ class Leasing(Generic[H]):
         dead_letter: DeadLetterHook[H],
         discard: DiscardHook[H],
         attempted: AttemptsHook[H] | None = None,
+        withdrawn: WithdrawnHook[H] | None = None,
     ) -> None:
         self.clock = clock
         self.dead_letter = dead_letter
         self.discard = discard
         self.attempted = attempted
+        self.withdrawn = withdrawn
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases; the
         # holder's serial in the middle tells the ack IDs of one subscription from another's.
         self._ack_prefix = os.urandom(4).hex()

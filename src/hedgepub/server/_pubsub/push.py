@@ -152,7 +152,8 @@ class PushWorker:
         self._task = None
 
     async def _run(self) -> None:
-        consumer = Consumer(1.0, max_messages=self.window)
+        # One outstanding message per ordering key, as the real service pushes ordered messages.
+        consumer = Consumer(1.0, max_messages=self.window, one_per_key=True)
         while True:
             try:
                 if not await self._step(consumer):

@@ -136,8 +136,7 @@ class GroupCommitWriter:
             for item in group:
                 self._commit(connection, [item])
             return
-        for item in group:
-            _resolve(item)
+        _resolve_all(group)
 
     async def close(self) -> None:
         """Let every queued write commit, then stop the writer thread."""
@@ -148,6 +147,24 @@ class GroupCommitWriter:
         if thread is not None:
             self._queue.put(None)
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
+
+
+def _resolve_all(group: list[Any]) -> None:
+    """Settle a committed group's futures with one wake-up per event loop, not one per write: each
+    ``call_soon_threadsafe`` writes to the loop's self-pipe, which cost more than settling the futures."""
+    by_loop: dict[Any, list[asyncio.Future[None]]] = {}
+    for _, future, loop in group:
+        by_loop.setdefault(loop, []).append(future)
+    for loop, futures in by_loop.items():
+
+        def settle(futures: list[asyncio.Future[None]] = futures) -> None:
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+
+        # RuntimeError: the caller's loop is gone, so nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle)
 
 
 def _resolve(item: Any, error: BaseException | None = None) -> None:
