@@ -297,6 +297,9 @@ class TokenRefresher:
         self._refreshing: asyncio.Future[None] | None = None
         #: Refreshes started ahead of expiry, and those that failed (logged; retried at the next call).
         self.background_refreshes = 0
+        #: Seconds the newest token had left when it arrived: a short-lived token is refreshed ahead at half
+        #: its life, not 5 minutes before it ends (which would refresh it on every call).
+        self._lifetime: float | None = None
 
     @property
     def auth_request(self) -> Any:
@@ -322,7 +325,12 @@ class TokenRefresher:
             loop = asyncio.get_running_loop()
             self._refreshing = loop.run_in_executor(None, self.credentials.refresh, self.auth_request)
             self._refreshing.add_done_callback(_forget)
+            self._refreshing.add_done_callback(self._note_lifetime)
         return self._refreshing
+
+    def _note_lifetime(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._lifetime = self._seconds_left()
 
     async def fresh(self) -> bool:
         """Make the token usable, waiting only when it is missing or expired; True when it is valid for
@@ -333,7 +341,12 @@ class TokenRefresher:
         credentials = self.credentials
         token = getattr(credentials, "token", None)
         left = self._seconds_left()
-        if credentials.valid and (left is None or left > REFRESH_AHEAD_SECONDS):
+        ahead = (
+            REFRESH_AHEAD_SECONDS
+            if self._lifetime is None
+            else min(REFRESH_AHEAD_SECONDS, self._lifetime / 2)
+        )
+        if credentials.valid and (left is None or left > ahead):
             return True
         if token and left is not None and left > EXPIRY_MARGIN_SECONDS:
             # Due for its refresh but not expired: refresh in the background, go on with this token.
