@@ -7,7 +7,8 @@ through the hedging engine by :mod:`.sender`, and each finished batch reported o
 :mod:`.observer` (stats, endpoints, telemetry). ``AsyncPublisherClient`` uses the core on the caller's
 loop; ``PublisherClient`` runs it on a private event-loop thread (:mod:`hedgepub._publisher.loop_thread`)
 and is safe to call from any thread. Its end (shutdown, and abandoning its messages in a forked child) is
-in :mod:`hedgepub._publisher.closing`.
+in :mod:`hedgepub._publisher.closing`; sending a request that exists already (``hedgepub proxy``'s) is
+in :mod:`hedgepub._publisher.forwarding`.
 
 The hot path is built for throughput:
 
@@ -47,6 +48,7 @@ from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._publisher.batch import Batch, BatchState
 from hedgepub._publisher.closing import ClientState, CoreClosing
 from hedgepub._publisher.flow_control import FlowController
+from hedgepub._publisher.forwarding import CoreForwarding
 from hedgepub._publisher.futures import BULK, BatchFuture, ManyResult, resolve_batch
 from hedgepub._publisher.messages import ManyMessages, MessagePreparer
 from hedgepub._publisher.observer import BatchObserver
@@ -55,7 +57,7 @@ from hedgepub._publisher.sender import AttemptCounts, BatchSender
 from hedgepub._publisher.sequencer import OrderingSequencer
 from hedgepub._publisher.stats import PublisherStats, StatsRecorder
 from hedgepub._settings import MAX_REQUEST_BYTES, BatchSettings, HedgingSettings, RetrySettings
-from hedgepub._transport.grpc import Transport
+from hedgepub._transport.grpc import TokenRefresher, Transport
 
 if TYPE_CHECKING:
     from hedgepub._publisher.telemetry import PublisherTelemetry
@@ -68,7 +70,7 @@ _LOGGER = logging.getLogger("hedgepub")
 MAX_BATCHES_IN_FLIGHT = 100
 
 
-class _PublisherCore(CoreClosing):
+class _PublisherCore(CoreClosing, CoreForwarding):
     """Batching, ordering keys, flow control, hedging and stats for one publisher, on one event loop.
 
     ``add`` may be called from any thread; everything else runs on the core's loop.
@@ -93,13 +95,15 @@ class _PublisherCore(CoreClosing):
         messages: MessagePreparer,
         id_prefix: str,
         credentials: Any,
+        refresher: TokenRefresher | None = None,
     ) -> None:
         """Wire the parts :func:`hedgepub._publisher.builder.build_core` made (it checks the settings).
 
         ``messages`` checks and sizes each message on its way in; ``sender`` sends sealed batches;
         ``observer`` is told once about every
         finished batch (it counts into ``stats_recorder`` and ``routes``, and reports to ``telemetry``);
-        ``credentials`` are those the endpoints' channels use.
+        ``credentials`` are those the endpoints' channels use, ``refresher`` the one that keeps their
+        token fresh.
         """
         self.hedging = hedging
         self.budget = budget
@@ -113,6 +117,7 @@ class _PublisherCore(CoreClosing):
         self._sender = sender
         self._observer = observer
         self._credentials = credentials
+        self._refresher = refresher
         self.routes = routes
         self._max_messages = batch_settings.max_messages
         self._max_bytes = min(batch_settings.max_bytes, MAX_REQUEST_BYTES)
