@@ -219,7 +219,7 @@ class StatsRecorder:
     def batch_finished(self, batch: Batch, outcome: BatchOutcome | None, error: BaseException | None) -> None:
         """Count one finished batch (a :class:`~hedgepub._publisher.observer.BatchObserver`): as its
         ``outcome`` tells, or, with none (an internal error), as failed messages only."""
-        messages = len(batch.futures)
+        messages = batch.message_count
         if outcome is None:
             self.record_failed(messages)
             return
