@@ -57,6 +57,7 @@ from google.pubsub_v1.types import pubsub as _pubsub_types
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
 from hedgepub._wire import (
+    AUTHORIZATION_KEY,
     BATCH_ID_KEY,
     CLIENT_TELEMETRY_KEY,
     EMULATOR_HOST_ENV,
@@ -404,9 +405,39 @@ def _forget(future: asyncio.Future[None]) -> None:
         )
 
 
+class AuthHeaders:
+    """The ``authorization`` header (and any other google-auth adds) of google-auth credentials, for calls
+    to one service, with a token kept fresh by a :class:`TokenRefresher`.
+
+    What every call of the publisher's channels carries (:class:`_BearerTokenInterceptor`), and what
+    ``hedgepub proxy`` adds to the calls it forwards for a caller that sent none.
+    """
+
+    def __init__(self, credentials: Any, service_url: str, refresher: TokenRefresher | None = None) -> None:
+        self.refresher = refresher if refresher is not None else TokenRefresher(credentials)
+        self.credentials = credentials
+        self.service_url = service_url
+
+    async def fresh(self) -> dict[str, str]:
+        """The headers, lower-case keys, with a token that is usable now (waiting only for a missing or
+        expired one; see :meth:`TokenRefresher.fresh`). Raises :class:`~hedgepub.RpcError`
+        (``UNAUTHENTICATED``, or ``UNAVAILABLE`` when google-auth says to retry) when it cannot be had."""
+        refresher = self.refresher
+        valid = await refresher.fresh()
+        headers: dict[str, str] = {}
+        if valid:
+            # The token is valid, so this only adds headers (and, for self-signed JWT credentials, signs
+            # one for this service's audience, as gRPC's own plugin would).
+            self.credentials.before_request(refresher.auth_request, "POST", self.service_url, headers)
+        else:  # usable, its refresh under way: google-auth's before_request would wait for a refresh
+            self.credentials.apply(headers)
+        return {key.lower(): value for key, value in headers.items()}
+
+
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
-    """Puts google-auth credentials' ``authorization`` header on every call, with a token kept fresh by a
-    :class:`TokenRefresher`.
+    """Puts google-auth credentials' ``authorization`` header on every call (:class:`AuthHeaders`), unless
+    the call has one already: a request that ``hedgepub proxy`` forwards carries its caller's own token,
+    which goes through as it is.
 
     Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for three
     reasons: a token that cannot be refreshed must fail the publish at once with a clear error (through the
@@ -416,25 +447,14 @@ class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ig
     """
 
     def __init__(self, credentials: Any, service_url: str, refresher: TokenRefresher | None = None) -> None:
-        self._refresher = refresher if refresher is not None else TokenRefresher(credentials)
-        self._credentials = credentials
-        self._service_url = service_url
-
-    async def _fresh_headers(self) -> dict[str, str]:
-        refresher = self._refresher
-        valid = await refresher.fresh()
-        headers: dict[str, str] = {}
-        if valid:
-            # The token is valid, so this only adds headers (and, for self-signed JWT credentials, signs
-            # one for this service's audience, as gRPC's own plugin would).
-            self._credentials.before_request(refresher.auth_request, "POST", self._service_url, headers)
-        else:  # usable, its refresh under way: google-auth's before_request would wait for a refresh
-            self._credentials.apply(headers)
-        return headers
+        self.headers = AuthHeaders(credentials, service_url, refresher)
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        headers = await self._fresh_headers()
-        metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
+        given = client_call_details.metadata or ()
+        if any(key == AUTHORIZATION_KEY for key, _value in given):
+            return await continuation(client_call_details, request)
+        headers = await self.headers.fresh()
+        metadata = [*given, *headers.items()]
         return await continuation(client_call_details._replace(metadata=metadata), request)
 
 

@@ -26,7 +26,7 @@ from its arguments and ``hedgepub serve`` from its flags (:mod:`._options`).
 
 Layers, each a subpackage, calls going down only:
 
-- :mod:`._api`: the faces. :mod:`._api.dispatch` serves every RPC of the one table in :mod:`._methods`
+- :mod:`._api`: the faces. :mod:`._api.dispatch` serves every RPC of the one table in :mod:`hedgepub._rpcs`
   (derived from the client package's protocol descriptions) by the coroutine of the same name on
   :class:`~._api.grpc.PubSubServicer`, after the permission check of :mod:`._iam`; :mod:`._api.rest`
   answers REST calls through the gRPC face (routes and transcoding in :mod:`._api.rest_routes`);
