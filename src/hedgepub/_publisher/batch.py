@@ -6,11 +6,11 @@ other message is serialized once. The request that is sent is those pieces joine
 built once when the batch is sent: no protobuf object per message, no proto-plus. Messages of data alone
 are kept as the caller's bytes only (:attr:`Batch.plain`, one list append on the hot path) and framed
 when the request is built, all at once: when they have one length, as most batches' do, by joining them
-with that length's head, at C speed. Adding a message costs
-about half of adding it to a protobuf request, and the request needs no serializing. Transports that take
-the bytes (:class:`~hedgepub._transport.grpc.GrpcTransport`) get them; others get :attr:`Batch.request`,
-the same bytes parsed. Sizes are those of the wire: a request is its ``topic`` field plus, per message,
-the field tag, the length prefix and the message's own ``ByteSize()``.
+with that length's head, at C speed. Adding a message costs about half of adding it to a protobuf request,
+and the request needs no serializing: every transport takes those bytes (:meth:`Batch.wire`);
+:attr:`Batch.request` is the same bytes parsed, for telemetry. Sizes are those of the wire: a request is
+its ``topic`` field plus, per message, the field tag, the length prefix and the message's own
+``ByteSize()``.
 """
 
 from __future__ import annotations

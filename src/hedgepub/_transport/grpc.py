@@ -162,14 +162,35 @@ def request_metadata(
 
 
 class Transport(Protocol):
-    """Sends one Publish request; the seam between the publisher and the network."""
+    """One connection that sends Publish requests: the seam between the publisher and the network.
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
-        """Publish ``request`` (a raw ``PublishRequest``; its serialized bytes for a transport whose
-        ``sends_bytes`` is true) and return its message IDs.
+    :class:`GrpcTransport` is the real one; :class:`~hedgepub.testing.scripted.ScriptedTransport` answers
+    from a script. The publisher's connection pool (:mod:`hedgepub._transport.pool`) uses every member.
+    """
+
+    #: Whether the connection was ready (connected) when last seen; the pool sends an attempt to a ready
+    #: connection while there is one. A transport that cannot tell leaves it true.
+    ready: bool
+
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
+        """Publish ``request``, a serialized ``PublishRequest`` (as a batch keeps it), and return its
+        message IDs.
 
         Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
         """
+
+    def connected(self) -> bool | None:
+        """Whether the connection is connected now (``None``: cannot tell). A failed call on a connection
+        that is not could not reach the server; one on a connected connection got the server's answer."""
+
+    def keep_connected(self) -> bool:
+        """Connect now if not connected, and update :attr:`ready`. Whether there is a connection to keep:
+        the pool calls this again every :data:`~hedgepub._transport.pool.KEEP_WARM` seconds while any of
+        its transports says so."""
+
+    async def probe(self, timeout: float) -> bool:
+        """Whether the other end answers a tiny call on this connection within ``timeout`` (a silent
+        connection is probed before it is replaced)."""
 
     async def close(self) -> None:
         """Release the connection."""
@@ -509,22 +530,15 @@ def create_channel(
     )
 
 
-def _serialize_request(request: Any) -> bytes:
-    """A ``PublishRequest``'s bytes: given as they are, or serialized."""
-    return request if type(request) is bytes else request.SerializeToString()
-
-
-class GrpcTransport:
-    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
-
-    #: The publisher may hand :meth:`publish` a request's serialized bytes (a batch keeps them so).
-    sends_bytes = True
+class GrpcTransport(Transport):
+    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel, the request's bytes as they
+    are (a batch keeps them serialized)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
         self._publish = channel.unary_unary(
             PUBLISH_METHOD,
-            request_serializer=_serialize_request,
+            request_serializer=None,
             response_deserializer=PublishResponsePb.FromString,
         )
         self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
@@ -543,7 +557,7 @@ class GrpcTransport:
         target = resolve_endpoint(endpoint, credentials=credentials)
         return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
         call = self._publish(request, timeout=timeout, metadata=metadata)
         try:
@@ -555,12 +569,13 @@ class GrpcTransport:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
 
-    def keep_connected(self) -> None:
+    def keep_connected(self) -> bool:
         """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
         it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
         seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
         left pending while the publisher is idle (a forked child inherits it)."""
         self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+        return True
 
     async def probe(self, timeout: float) -> bool:
         """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within
