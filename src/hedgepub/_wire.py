@@ -29,6 +29,8 @@ REQUEST_PARAMS_KEY = "x-goog-request-params"
 BATCH_ID_KEY = "hedgepub-batch-id"
 #: Google's client-telemetry header: which hedge an attempt is and when its batch was first sent.
 CLIENT_TELEMETRY_KEY = "x-goog-pubsub-client-telemetry"
+#: A caller's credentials: ``authorization: Bearer <token>``.
+AUTHORIZATION_KEY = "authorization"
 
 #: The environment variable every official client reads to find an emulator (``host:port``, plain text).
 EMULATOR_HOST_ENV = "PUBSUB_EMULATOR_HOST"

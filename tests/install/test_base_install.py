@@ -115,3 +115,18 @@ def test_importing_a_part_without_its_extra_names_the_extra(module: str, extra: 
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.startswith(f"MissingExtraError {extra} |"), completed.stdout
     assert f"pip install 'hedgepub[{extra}]'" in completed.stdout
+
+
+def test_the_rpc_table_is_in_the_base_install() -> None:
+    code = _REFUSE + textwrap.dedent(
+        """
+        from hedgepub._rpcs import RPCS, STREAMING
+        loaded = sorted({name.partition(".")[0] for name in sys.modules} & set(REFUSED))
+        print(len(RPCS), sorted(STREAMING), "hedgepub.server" in sys.modules, loaded)
+        """
+    ).replace("set(REFUSED)", repr(set(REFUSED)))
+    completed = _python(code)
+    assert completed.returncode == 0, completed.stderr
+    count, rest = completed.stdout.split(" ", 1)
+    assert int(count) > 30  # Publisher, Subscriber, SchemaService and IAMPolicy methods
+    assert rest.strip() == "['StreamingPull'] False []"

@@ -128,8 +128,9 @@ def test_secure_channel_with_given_credentials() -> None:
     asyncio.run(scenario())
 
 
-def _request(topic: str, count: int) -> object:
-    return PublishRequestPb(topic=topic, messages=[PubsubMessagePb(data=b"m%d" % i) for i in range(count)])
+def _request(topic: str, count: int) -> bytes:
+    request = PublishRequestPb(topic=topic, messages=[PubsubMessagePb(data=b"m%d" % i) for i in range(count)])
+    return request.SerializeToString()
 
 
 def test_grpc_transport_publishes_and_maps_errors(server, topic: str) -> None:  # type: ignore[no-untyped-def]

@@ -6,11 +6,11 @@ other message is serialized once. The request that is sent is those pieces joine
 built once when the batch is sent: no protobuf object per message, no proto-plus. Messages of data alone
 are kept as the caller's bytes only (:attr:`Batch.plain`, one list append on the hot path) and framed
 when the request is built, all at once: when they have one length, as most batches' do, by joining them
-with that length's head, at C speed. Adding a message costs
-about half of adding it to a protobuf request, and the request needs no serializing. Transports that take
-the bytes (:class:`~hedgepub._transport.grpc.GrpcTransport`) get them; others get :attr:`Batch.request`,
-the same bytes parsed. Sizes are those of the wire: a request is its ``topic`` field plus, per message,
-the field tag, the length prefix and the message's own ``ByteSize()``.
+with that length's head, at C speed. Adding a message costs about half of adding it to a protobuf request,
+and the request needs no serializing: every transport takes those bytes (:meth:`Batch.wire`);
+:attr:`Batch.request` is the same bytes parsed, for telemetry. Sizes are those of the wire: a request is
+its ``topic`` field plus, per message, the field tag, the length prefix and the message's own
+``ByteSize()``.
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ class Batch:
         "batch_id",
         "byte_size",
         "condition",
+        "extra_metadata",
         "flow_bytes",
         "futures",
         "keepalive",
@@ -152,6 +153,7 @@ class Batch:
         "parts",
         "plain",
         "progress",
+        "ready_count",
         "segments",
         "state",
         "timer",
@@ -200,6 +202,37 @@ class Batch:
         #: What keeps the client that made the batch alive until the batch resolves (a sync client's
         #: keep-alive token, see ``PublisherClient``), or ``None``.
         self.keepalive: object | None = None
+        #: Metadata every attempt sends after the sender's own (routing, telemetry, batch id): a forwarded
+        #: request's caller's, such as its ``authorization`` (see :meth:`ready_made`).
+        self.extra_metadata: tuple[tuple[str, str], ...] = ()
+        #: The messages of a ready-made batch (its request exists already; it has no futures), else None.
+        self.ready_count: int | None = None
+
+    @classmethod
+    def ready_made(
+        cls,
+        topic: str,
+        ordering_key: str,
+        batch_id: str,
+        wire: bytes,
+        count: int,
+        extra_metadata: tuple[tuple[str, str], ...] = (),
+        now: Callable[[], float] = time.monotonic,
+    ) -> Batch:
+        """A sealed batch whose serialized ``PublishRequest`` exists already (``wire``, of ``count``
+        messages to ``topic``; ``ordering_key`` is one of its messages' keys, or ``""`` if none has one),
+        sent as it is, with ``extra_metadata`` after the sender's own metadata on every attempt.
+
+        It has no futures: whoever sends it reads the outcome (``hedgepub proxy`` forwarding a caller's
+        request, :meth:`hedgepub._publisher.core._PublisherCore.forward`).
+        """
+        batch = cls(topic, ordering_key, batch_id, sync_futures=False, now=now)
+        batch._wire = wire
+        batch.byte_size = len(wire)
+        batch.state = BatchState.SEALED
+        batch.ready_count = count
+        batch.extra_metadata = tuple(extra_metadata)
+        return batch
 
     def add_data(self, data: bytes) -> None:
         """Add a message of ``data`` alone (holding the batch's lock)."""
@@ -235,11 +268,12 @@ class Batch:
     @property
     def message_count(self) -> int:
         """Messages in the batch."""
-        return len(self.futures)
+        count = self.ready_count
+        return len(self.futures) if count is None else count
 
     def describe_contents(self) -> str:
         """``batch of 3 messages to projects/p/topics/t (ordering key 'k')``."""
-        count = len(self.futures)
+        count = self.message_count
         key = f" (ordering key {self.ordering_key!r})" if self.ordering_key else ""
         return f"batch of {count} message{'s' if count != 1 else ''} to {self.topic}{key}"
 
@@ -255,5 +289,5 @@ class Batch:
         key = f", ordering_key={self.ordering_key!r}" if self.ordering_key else ""
         return (
             f"Batch({self.batch_id}, topic={self.topic!r}{key}, state={self.state.value}, "
-            f"messages={len(self.futures)}, bytes={self.byte_size})"
+            f"messages={self.message_count}, bytes={self.byte_size})"
         )

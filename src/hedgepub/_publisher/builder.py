@@ -100,7 +100,7 @@ def build_core(
             f"{type(root_certificates).__name__}"
         )
     pool_size = DEFAULT_POOL_SIZE if channel_pool_size is None else check_channel_pool_size(channel_pool_size)
-    credentials, routes = _routes(
+    credentials, refresher, routes = _routes(
         endpoint,
         transport,
         check_hedge_endpoints(hedge_endpoints, hedging_settings is not None),
@@ -148,6 +148,7 @@ def build_core(
         ),
         id_prefix=id_prefix,
         credentials=credentials,
+        refresher=refresher,
     )
 
 
@@ -162,9 +163,9 @@ def _routes(
     root_certificates: bytes | None,
     pool_size: int,
     clock: Clock,
-) -> tuple[Any, EndpointRoutes]:
-    """The credentials to use, and the endpoints: the primary, then the hedge endpoints, each a pool of
-    ``pool_size`` connections opened on first use.
+) -> tuple[Any, TokenRefresher | None, EndpointRoutes]:
+    """The credentials to use, their token's refresher (``None`` without credentials), and the endpoints:
+    the primary, then the hedge endpoints, each a pool of ``pool_size`` connections opened on first use.
 
     ``transport`` and ``hedge_transports`` are ready-made transports (tests), labelled ``primary``
     and ``hedge-endpoint-N``: one transport, or a sequence of them, each a connection of the endpoint's
@@ -221,7 +222,7 @@ def _routes(
     descriptions = [labels[0] if primary is None else primary.describe()]
     descriptions += labels[1 : 1 + len(hedge_transports or ())]
     descriptions += [target.describe() for target in targets]
-    return credentials, EndpointRoutes(labels, pools, descriptions)
+    return credentials, refresher, EndpointRoutes(labels, pools, descriptions)
 
 
 def _telemetry(

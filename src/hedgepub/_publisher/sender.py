@@ -87,10 +87,14 @@ class BatchSender:
         self.clock = clock
         self.telemetry = telemetry
 
-    async def send(self, batch: Batch, counts: AttemptCounts) -> BatchOutcome:
+    async def send(
+        self, batch: Batch, counts: AttemptCounts, retry: RetrySettings | None = None
+    ) -> BatchOutcome:
         """Publish ``batch`` with retries and hedges; its outcome (a failure too) is returned, not raised.
 
         ``counts`` is kept up to date as attempts go out. Cancelling the caller cancels every attempt.
+        ``retry`` replaces the publisher's retry settings for this batch (a forwarded request's shorter
+        deadline).
         """
         routes = self.routes
         clock = self.clock
@@ -99,6 +103,7 @@ class BatchSender:
         wire = batch.wire()
         topic = batch.topic
         batch_id = batch.batch_id
+        extra_metadata = batch.extra_metadata
         # Rule 8: wall-clock time (the service compares it across clients), taken once per batch.
         started = time.time()
         headers: dict[int, tuple[tuple[str, str], ...]] = {}
@@ -136,11 +141,10 @@ class BatchSender:
                 transport = lease.transport
                 metadata = headers.get(attempt_number)
                 if metadata is None:  # retries of the original send the very same metadata
-                    metadata = headers[attempt_number] = request_metadata(
-                        topic, batch_id, attempt_number, started
+                    metadata = headers[attempt_number] = (
+                        request_metadata(topic, batch_id, attempt_number, started) + extra_metadata
                     )
-                request = wire if getattr(transport, "sends_bytes", False) else batch.request
-                ids = await transport.publish(request, metadata, timeout)
+                ids = await transport.publish(wire, metadata, timeout)
             except asyncio.CancelledError:
                 winner = won_on[0]
                 if lease is not None and pool is not None and winner is not None and winner[0] == index:
@@ -180,8 +184,8 @@ class BatchSender:
         keyed = bool(batch.ordering_key)
         outcome = await run_batch(
             attempt,
-            message_count=len(batch.futures),
-            retry=self.retry,
+            message_count=batch.message_count,
+            retry=self.retry if retry is None else retry,
             hedging=None if keyed else self.hedging,
             bucket=None if keyed else self.budget.bucket_for(topic),
             clock=clock,

@@ -57,6 +57,7 @@ from google.pubsub_v1.types import pubsub as _pubsub_types
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
 from hedgepub._wire import (
+    AUTHORIZATION_KEY,
     BATCH_ID_KEY,
     CLIENT_TELEMETRY_KEY,
     EMULATOR_HOST_ENV,
@@ -159,14 +160,35 @@ def request_metadata(
 
 
 class Transport(Protocol):
-    """Sends one Publish request; the seam between the publisher and the network."""
+    """One connection that sends Publish requests: the seam between the publisher and the network.
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
-        """Publish ``request`` (a raw ``PublishRequest``; its serialized bytes for a transport whose
-        ``sends_bytes`` is true) and return its message IDs.
+    :class:`GrpcTransport` is the real one; :class:`~hedgepub.testing.scripted.ScriptedTransport` answers
+    from a script. The publisher's connection pool (:mod:`hedgepub._transport.pool`) uses every member.
+    """
+
+    #: Whether the connection was ready (connected) when last seen; the pool sends an attempt to a ready
+    #: connection while there is one. A transport that cannot tell leaves it true.
+    ready: bool
+
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
+        """Publish ``request``, a serialized ``PublishRequest`` (as a batch keeps it), and return its
+        message IDs.
 
         Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
         """
+
+    def connected(self) -> bool | None:
+        """Whether the connection is connected now (``None``: cannot tell). A failed call on a connection
+        that is not could not reach the server; one on a connected connection got the server's answer."""
+
+    def keep_connected(self) -> bool:
+        """Connect now if not connected, and update :attr:`ready`. Whether there is a connection to keep:
+        the pool calls this again every :data:`~hedgepub._transport.pool.KEEP_WARM` seconds while any of
+        its transports says so."""
+
+    async def probe(self, timeout: float) -> bool:
+        """Whether the other end answers a tiny call on this connection within ``timeout`` (a silent
+        connection is probed before it is replaced)."""
 
     async def close(self) -> None:
         """Release the connection."""
@@ -383,9 +405,39 @@ def _forget(future: asyncio.Future[None]) -> None:
         )
 
 
+class AuthHeaders:
+    """The ``authorization`` header (and any other google-auth adds) of google-auth credentials, for calls
+    to one service, with a token kept fresh by a :class:`TokenRefresher`.
+
+    What every call of the publisher's channels carries (:class:`_BearerTokenInterceptor`), and what
+    ``hedgepub proxy`` adds to the calls it forwards for a caller that sent none.
+    """
+
+    def __init__(self, credentials: Any, service_url: str, refresher: TokenRefresher | None = None) -> None:
+        self.refresher = refresher if refresher is not None else TokenRefresher(credentials)
+        self.credentials = credentials
+        self.service_url = service_url
+
+    async def fresh(self) -> dict[str, str]:
+        """The headers, lower-case keys, with a token that is usable now (waiting only for a missing or
+        expired one; see :meth:`TokenRefresher.fresh`). Raises :class:`~hedgepub.RpcError`
+        (``UNAUTHENTICATED``, or ``UNAVAILABLE`` when google-auth says to retry) when it cannot be had."""
+        refresher = self.refresher
+        valid = await refresher.fresh()
+        headers: dict[str, str] = {}
+        if valid:
+            # The token is valid, so this only adds headers (and, for self-signed JWT credentials, signs
+            # one for this service's audience, as gRPC's own plugin would).
+            self.credentials.before_request(refresher.auth_request, "POST", self.service_url, headers)
+        else:  # usable, its refresh under way: google-auth's before_request would wait for a refresh
+            self.credentials.apply(headers)
+        return {key.lower(): value for key, value in headers.items()}
+
+
 class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]  # generic in the stubs only
-    """Puts google-auth credentials' ``authorization`` header on every call, with a token kept fresh by a
-    :class:`TokenRefresher`.
+    """Puts google-auth credentials' ``authorization`` header on every call (:class:`AuthHeaders`), unless
+    the call has one already: a request that ``hedgepub proxy`` forwards carries its caller's own token,
+    which goes through as it is.
 
     Used on TLS and plain-text channels alike, rather than gRPC's call-credentials plugin, for three
     reasons: a token that cannot be refreshed must fail the publish at once with a clear error (through the
@@ -395,25 +447,14 @@ class _BearerTokenInterceptor(grpc.aio.UnaryUnaryClientInterceptor):  # type: ig
     """
 
     def __init__(self, credentials: Any, service_url: str, refresher: TokenRefresher | None = None) -> None:
-        self._refresher = refresher if refresher is not None else TokenRefresher(credentials)
-        self._credentials = credentials
-        self._service_url = service_url
-
-    async def _fresh_headers(self) -> dict[str, str]:
-        refresher = self._refresher
-        valid = await refresher.fresh()
-        headers: dict[str, str] = {}
-        if valid:
-            # The token is valid, so this only adds headers (and, for self-signed JWT credentials, signs
-            # one for this service's audience, as gRPC's own plugin would).
-            self._credentials.before_request(refresher.auth_request, "POST", self._service_url, headers)
-        else:  # usable, its refresh under way: google-auth's before_request would wait for a refresh
-            self._credentials.apply(headers)
-        return headers
+        self.headers = AuthHeaders(credentials, service_url, refresher)
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        headers = await self._fresh_headers()
-        metadata = [*(client_call_details.metadata or ()), *((k.lower(), v) for k, v in headers.items())]
+        given = client_call_details.metadata or ()
+        if any(key == AUTHORIZATION_KEY for key, _value in given):
+            return await continuation(client_call_details, request)
+        headers = await self.headers.fresh()
+        metadata = [*given, *headers.items()]
         return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
@@ -469,22 +510,15 @@ def create_channel(
     )
 
 
-def _serialize_request(request: Any) -> bytes:
-    """A ``PublishRequest``'s bytes: given as they are, or serialized."""
-    return request if type(request) is bytes else request.SerializeToString()
-
-
-class GrpcTransport:
-    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
-
-    #: The publisher may hand :meth:`publish` a request's serialized bytes (a batch keeps them so).
-    sends_bytes = True
+class GrpcTransport(Transport):
+    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel, the request's bytes as they
+    are (a batch keeps them serialized)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
         self._publish = channel.unary_unary(
             PUBLISH_METHOD,
-            request_serializer=_serialize_request,
+            request_serializer=None,
             response_deserializer=PublishResponsePb.FromString,
         )
         self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
@@ -503,7 +537,7 @@ class GrpcTransport:
         target = resolve_endpoint(endpoint, credentials=credentials)
         return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
         call = self._publish(request, timeout=timeout, metadata=metadata)
         try:
@@ -515,12 +549,13 @@ class GrpcTransport:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
 
-    def keep_connected(self) -> None:
+    def keep_connected(self) -> bool:
         """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
         it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
         seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
         left pending while the publisher is idle (a forked child inherits it)."""
         self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+        return True
 
     async def probe(self, timeout: float) -> bool:
         """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within

@@ -20,7 +20,7 @@ from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
 from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, pipeline_for
 from hedgepub.server._store.batch import Batch
-from hedgepub.server._store.memory import Store
+from hedgepub.server._store.protocol import Store
 
 __all__ = ["Publishing"]
 
