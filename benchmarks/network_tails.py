@@ -227,9 +227,9 @@ def main() -> None:
     server_process = None
     try:
         if arguments.kernel:
-            from hedgepub.testing.network.kernel import KernelNetwork
+            from hedgepub.testing.network.kernel import KernelNetwork, default_label
 
-            network = KernelNetwork("hedgepub-bench").start()
+            network = KernelNetwork(f"{default_label()}-bench").start()
             server = network.serve()
         else:
             server_process = subprocess.Popen(serve, stdout=subprocess.PIPE, text=True)

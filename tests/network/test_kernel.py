@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from hedgepub.testing.network.kernel import KernelNetwork, client_ports, unavailable_reason
+from hedgepub.testing.network.kernel import KernelNetwork, client_ports, default_label, unavailable_reason
 
 REASON = unavailable_reason()
 needs_kernel = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+LABEL = f"{default_label()}-test"
 PROBE = [sys.executable, "-m", "hedgepub.testing.network.probe"]
 
 
@@ -45,7 +46,7 @@ def wait_until(condition, timeout: float = 30.0):  # type: ignore[no-untyped-def
 
 @needs_kernel
 def test_loss_drops_packets_and_costs_retransmission_timeouts() -> None:
-    with KernelNetwork("hedgepub-net-test") as network:
+    with KernelNetwork(LABEL) as network:
         address, port = echo_server(network)
         network.set_loss(0.03, port=port)
         completed = network.run(
@@ -61,7 +62,7 @@ def test_loss_drops_packets_and_costs_retransmission_timeouts() -> None:
 
 @needs_kernel
 def test_loss_per_direction_matches_only_its_side() -> None:
-    with KernelNetwork("hedgepub-net-test") as network:
+    with KernelNetwork(LABEL) as network:
         _address, port = echo_server(network)
         network.set_loss(0.5, port=port, direction="down")
         rules = network.rules()
@@ -70,7 +71,7 @@ def test_loss_per_direction_matches_only_its_side() -> None:
 
 @needs_kernel
 def test_a_lost_syn_costs_the_initial_retransmission_timeout() -> None:
-    with KernelNetwork("hedgepub-net-test") as network:
+    with KernelNetwork(LABEL) as network:
         address, port = echo_server(network)
         network.set_syn_loss(1.0, port=port)
         started = time.monotonic()
@@ -85,7 +86,7 @@ def test_a_lost_syn_costs_the_initial_retransmission_timeout() -> None:
 
 @needs_kernel
 def test_a_black_holed_flow_stalls_only_its_connection() -> None:
-    with KernelNetwork("hedgepub-net-test") as network:
+    with KernelNetwork(LABEL) as network:
         address, port = echo_server(network)
         client = network.popen(
             [*PROBE, "echo", "--target", address, "--count", "30", "--interval", "0.05"],
@@ -116,7 +117,7 @@ def test_a_publish_under_loss_inside_the_namespace() -> None:
         print(len(set(ids)))
         """
     )
-    with KernelNetwork("hedgepub-net-test") as network:
+    with KernelNetwork(LABEL) as network:
         address = network.serve()
         port = int(address.rsplit(":", 1)[1])
         network.set_loss(0.05, port=port)
@@ -128,9 +129,9 @@ def test_a_publish_under_loss_inside_the_namespace() -> None:
 
 @needs_kernel
 def test_close_removes_the_namespace() -> None:
-    network = KernelNetwork("hedgepub-net-test").start()
+    network = KernelNetwork(LABEL).start()
     name = network.name
-    assert re.fullmatch(r"hedgepub-net-test-\d+-[0-9a-f]{8}", name)
+    assert re.fullmatch(re.escape(LABEL) + r"-\d+-[0-9a-f]{8}", name)
     echo_server(network)
     network.close()
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

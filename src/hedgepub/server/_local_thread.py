@@ -20,7 +20,7 @@ from hedgepub.server._options import ServerOptions
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
-from hedgepub.server._store.memory import StoredMessage
+from hedgepub.server._store.protocol import StoredMessage
 
 __all__ = ["LocalServer"]
 

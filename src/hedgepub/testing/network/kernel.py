@@ -40,12 +40,20 @@ import uuid
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["KernelNetwork", "client_ports", "unavailable_reason"]
+__all__ = ["LABEL_VARIABLE", "KernelNetwork", "client_ports", "default_label", "unavailable_reason"]
 
 Direction = Literal["both", "up", "down"]
 #: The line ``hedgepub serve`` prints first, followed by its address.
 READY_PREFIX = "export PUBSUB_EMULATOR_HOST="
 _COMMAND_TIMEOUT = 30.0
+#: The environment variable whose value starts every namespace's name unless a label is given
+#: (``hedgepub`` when unset), so runs on a shared machine carry their owner's prefix.
+LABEL_VARIABLE = "HEDGEPUB_NETNS_LABEL"
+
+
+def default_label() -> str:
+    """The start of a namespace's name when none is given: ``$HEDGEPUB_NETNS_LABEL`` or ``hedgepub``."""
+    return os.environ.get(LABEL_VARIABLE) or "hedgepub"
 
 
 def _run(args: Sequence[str], timeout: float = _COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
@@ -77,7 +85,7 @@ def unavailable_reason() -> str | None:
             return (
                 f"the kernel harness needs {tool!r}, not on PATH (Debian: apt-get install iproute2 iptables)"
             )
-    name = f"hedgepub-check-{uuid.uuid4().hex[:8]}"
+    name = f"{default_label()}-check-{uuid.uuid4().hex[:8]}"
     made = _run(["ip", "netns", "add", name])
     if made.returncode != 0:
         return f"ip netns add refused: {made.stderr.strip() or made.returncode}"
@@ -128,14 +136,15 @@ class KernelNetwork:
     """A private network namespace whose loopback loses packets as told (Linux, root).
 
     Args:
-        label: the start of the namespace's name; a unique suffix (process id and random hex) follows.
+        label: the start of the namespace's name (default: :func:`default_label`); a unique suffix
+            (process id and random hex) follows.
 
     Raises:
         RuntimeError: from :meth:`start`, when :func:`unavailable_reason` says why, or a command fails.
     """
 
-    def __init__(self, label: str = "hedgepub") -> None:
-        self.name = f"{label}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    def __init__(self, label: str | None = None) -> None:
+        self.name = f"{label or default_label()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._processes: list[subprocess.Popen[bytes]] = []
         self._rules: dict[str, list[str]] = {}  # what each installed rule is called -> its iptables spec
         self._timers: list[threading.Timer] = []
