@@ -425,7 +425,11 @@ def _resolve_fast(
     for future in with_callbacks:
         future._run_done_callbacks()
     if callbacks:
-        run = _run_callback
+        # _run_callback's body, inline: one Python call less per callback (one per message, as the
+        # official samples publish).
         for future, fn in callbacks:
             if future._state is finished:
-                run(fn, future)
+                try:
+                    fn(future)
+                except Exception:
+                    _CALLBACK_LOGGER.exception("exception calling callback for %r", future)
