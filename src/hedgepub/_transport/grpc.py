@@ -508,8 +508,19 @@ class GrpcTransport:
             response_deserializer=PublishResponsePb.FromString,
         )
         self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
-        #: Whether the channel was READY when last seen (kept up to date by :meth:`keep_connected`).
-        self.ready = True
+
+    def ready(self) -> bool:
+        """Whether the channel is connected now (READY); the pool asks before each attempt."""
+        return self._channel.get_state(try_to_connect=False) is grpc.ChannelConnectivity.READY
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait until the channel is connected (connecting it if it is not), at most ``timeout`` seconds;
+        whether it is."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     @classmethod
     def connect(
@@ -536,11 +547,11 @@ class GrpcTransport:
         return list(response.message_ids)
 
     def keep_connected(self) -> None:
-        """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
-        it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
-        seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
-        left pending while the publisher is idle (a forked child inherits it)."""
-        self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+        """Connect now if the channel is not connected (idle after a drop or a long pause). The pool calls
+        this every :data:`~hedgepub._transport.pool.KEEP_WARM` seconds: a timer rather than a task waiting
+        on the channel's state, so that nothing of gRPC's is left pending while the publisher is idle (a
+        forked child inherits it)."""
+        self._channel.get_state(try_to_connect=True)
 
     async def probe(self, timeout: float) -> bool:
         """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within
