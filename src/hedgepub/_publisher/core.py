@@ -7,8 +7,8 @@ through the hedging engine by :mod:`.sender`, and each finished batch reported o
 :mod:`.observer` (stats, endpoints, telemetry). ``AsyncPublisherClient`` uses the core on the caller's
 loop; ``PublisherClient`` runs it on a private event-loop thread (:mod:`hedgepub._publisher.loop_thread`)
 and is safe to call from any thread. Its end (shutdown, and abandoning its messages in a forked child) is
-in :mod:`hedgepub._publisher.closing`; sending a request that exists already (``hedgepub proxy``'s) is
-in :mod:`hedgepub._publisher.forwarding`.
+in :mod:`hedgepub._publisher.closing`; ``publish_many``'s way into batches in :mod:`.bulk`; sending a
+request that exists already (``hedgepub proxy``'s) in :mod:`hedgepub._publisher.forwarding`.
 
 The hot path is built for throughput:
 
@@ -43,14 +43,15 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock, TimerHandle
-from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
+from hedgepub._exceptions import OrderingKeyPausedError, PublishError
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._publisher.batch import Batch, BatchState
+from hedgepub._publisher.bulk import CoreBulk
 from hedgepub._publisher.closing import ClientState, CoreClosing
 from hedgepub._publisher.flow_control import FlowController
 from hedgepub._publisher.forwarding import CoreForwarding
-from hedgepub._publisher.futures import BULK, BatchFuture, ManyResult, resolve_batch
-from hedgepub._publisher.messages import ManyMessages, MessagePreparer
+from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._publisher.messages import MessagePreparer
 from hedgepub._publisher.observer import BatchObserver
 from hedgepub._publisher.routes import EndpointRoutes
 from hedgepub._publisher.sender import AttemptCounts, BatchSender
@@ -70,7 +71,7 @@ _LOGGER = logging.getLogger("hedgepub")
 MAX_BATCHES_IN_FLIGHT = 100
 
 
-class _PublisherCore(CoreClosing, CoreForwarding):
+class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
     """Batching, ordering keys, flow control, hedging and stats for one publisher, on one event loop.
 
     ``add`` may be called from any thread; everything else runs on the core's loop.
@@ -130,7 +131,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
         #: thread, emptied by :meth:`_drain` on the loop (deque appends and pops are atomic).
         self._events: deque[Batch] = deque()
         self._wakeup_pending = False
-        #: Threads opening a batch of their own right now (see :meth:`_open_own`).
+        #: Threads opening a batch of their own right now (see :meth:`_fresh_own`).
         self._opening: set[int] = set()
         self._sequencer = OrderingSequencer()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -187,11 +188,6 @@ class _PublisherCore(CoreClosing, CoreForwarding):
         if self.state is not ClientState.OPEN:
             raise RuntimeError(self.refusal)
         return self._messages.prepare(topic, data, ordering_key, attributes)
-
-    def prepare_many(self, topic: str, messages: Any, ordering_key: str) -> ManyMessages:
-        """Check the messages of one ``publish_many`` call (see
-        :meth:`~hedgepub._publisher.messages.MessagePreparer.prepare_many`)."""
-        return self._messages.prepare_many(topic, messages, ordering_key)
 
     def publish_blocking(self, topic: str, data: bytes, ordering_key: str, attributes: dict[str, Any]) -> Any:
         """The sync client's ``publish`` for any message: validate it, wait for flow control (if on) in
@@ -344,113 +340,24 @@ class _PublisherCore(CoreClosing, CoreForwarding):
 
     def _open_own(self, topic: str, data: bytes, message: Any, size: int, framed: int) -> Any:
         """:meth:`add` when this thread's own batch (no ordering key) is missing or has no room: seal it,
-        open the next and put the message in, without the publisher's lock (see :meth:`_append`).
+        open the next and put the message in (see :meth:`_fresh_own`); return the message's future."""
+        return self._fresh_own(topic, (topic, "", threading.get_ident()), (data, message, size, framed))[1]
+
+    def _fresh_own(
+        self, topic: str, key: tuple[Any, ...], first: tuple[bytes, Any, int, int] | None = None
+    ) -> tuple[Batch, Any]:
+        """Open a new batch of this thread's own for ``topic`` under ``key``, sealing the one it replaces,
+        without the publisher's lock (see :meth:`_append`); with ``first`` (data, raw message, size,
+        framed size), put that message in it. Return the batch and the message's future (``None``
+        without ``first``). Raises ``RuntimeError`` once the publisher no longer accepts messages.
 
         Only this thread adds a batch under its key, and whoever takes a batch out of ``_open`` does so
         holding that batch's lock after checking that the key still holds it, so no one takes out a
         batch opened here by mistake. Shutdown, which seals what is open, first waits until no thread
-        is in here (``_opening``), after refusing new messages.
+        is in here (``_opening``), after refusing new messages. A batch that one message fills goes
+        straight to the loop; any other is kept in ``_open`` and queued for the loop to arm its latency
+        timer.
         """
-        ident = threading.get_ident()
-        key = (topic, "", ident)
-        self._opening.add(ident)
-        try:
-            if self.state is not ClientState.OPEN:
-                raise RuntimeError(self.refusal)
-            old = self._open.get(key)
-            if old is not None:
-                with old.lock:
-                    self._seal_held(old)
-            batch = self._new_batch(topic, "", key)
-            with batch.lock:
-                future = self._put(batch, data, message, size, framed)
-                if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
-                    self._seal_held(batch)  # full with one message: straight to the loop
-                else:
-                    self._open[key] = batch
-                    self._events.append(batch)  # to arm its latency timer
-        finally:
-            self._opening.discard(ident)
-        if self._wakeup_needed():
-            self._wake_loop()
-        return future
-
-    # ---- publish_many: any thread ----------------------------------------------------------------------
-
-    def bulk_ok(self) -> bool:
-        """Whether ``publish_many`` may put its messages into batches in runs (:meth:`add_many`): no flow
-        control (which admits message by message) and no OpenTelemetry (a span per message)."""
-        return not self.flow.enabled and self.telemetry is None
-
-    def add_many(self, topic: str, many: ManyMessages, result: ManyResult) -> None:
-        """Put the checked messages of one ``publish_many`` call (none with an ordering key) into this
-        thread's open batches, in runs: as many as fit each batch at once, under its lock, one list entry
-        (:data:`~hedgepub._publisher.futures.BULK`) and no future per message; every run is noted in its
-        batch's segments, which resolve ``result``. Batches fill, seal and go to the loop as ``publish``
-        fills them. If the publisher stops accepting messages midway, the rest fail in ``result`` with
-        the refusal (the ones already in batches are published)."""
-        payloads, framed, messages = many.payloads, many.framed, many.messages
-        count = len(payloads)
-        # One framed size for all (same), or each message's (sizes).
-        same, sizes = (framed, ()) if isinstance(framed, int) else (0, framed)
-        max_messages, max_bytes = self._max_messages, self._max_bytes
-        key = (topic, "", threading.get_ident())
-        index = 0
-        while index < count:
-            batch = self._open.get(key)
-            if batch is None or batch.state is not BatchState.OPEN:
-                try:
-                    batch = self._fresh_own(topic, key)
-                except RuntimeError as refused:
-                    result.failed(index, count - index, refused)
-                    return
-            with batch.lock:
-                if batch.state is not BatchState.OPEN:
-                    continue
-                room = max_messages - len(batch.futures)
-                if same:
-                    taking = min(room, (max_bytes - batch.byte_size) // same, count - index)
-                    added = taking * same
-                else:
-                    taking, added, left = 0, 0, max_bytes - batch.byte_size
-                    limit = min(room, count - index)
-                    while taking < limit and added + sizes[index + taking] <= left:
-                        added += sizes[index + taking]
-                        taking += 1
-                if taking <= 0 and not batch.futures:  # larger than max_bytes: alone, as publish sends it
-                    taking, added = 1, same or sizes[index]
-                if taking > 0:
-                    end = index + taking
-                    if messages is None:
-                        batch.plain += payloads[index:end]
-                    else:
-                        for position in range(index, end):
-                            message = messages[position]
-                            if message is None:
-                                batch.add_data(payloads[position])
-                            else:
-                                batch.add_message(message)
-                    batch.byte_size += added
-                    futures = batch.futures
-                    segment = (result, len(futures), taking, index)
-                    if batch.segments is None:
-                        batch.segments = [segment]
-                    else:
-                        batch.segments.append(segment)
-                    futures += itertools.repeat(BULK, taking)
-                    index = end
-                if taking <= 0 or len(batch.futures) >= max_messages or batch.byte_size >= max_bytes:
-                    self._seal_held(batch)
-                    sealed = True
-                else:
-                    sealed = False
-            if sealed and self._wakeup_needed():
-                self._wake_loop()
-
-    def _fresh_own(self, topic: str, key: tuple[Any, ...]) -> Batch:
-        """A new open batch of this thread's own for ``topic`` (sealing the one it replaces), as
-        :meth:`_open_own` opens one; raises ``RuntimeError`` once the publisher no longer accepts
-        messages."""
         ident = key[2]
         self._opening.add(ident)
         try:
@@ -461,13 +368,20 @@ class _PublisherCore(CoreClosing, CoreForwarding):
                 with old.lock:
                     self._seal_held(old)
             batch = self._new_batch(topic, "", key)
-            self._open[key] = batch
-            self._events.append(batch)  # to arm its latency timer
+            future = None
+            with batch.lock:
+                if first is not None:
+                    future = self._put(batch, *first)
+                if len(batch.futures) >= self._max_messages or batch.byte_size >= self._max_bytes:
+                    self._seal_held(batch)
+                else:
+                    self._open[key] = batch
+                    self._events.append(batch)
         finally:
             self._opening.discard(ident)
         if self._wakeup_needed():
             self._wake_loop()
-        return batch
+        return batch, future
 
     def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
         """An empty open batch, to be kept under ``key`` in ``_open``."""
@@ -512,7 +426,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
         a moment when it was in neither, and a shutdown that looked then never sent it.)
         """
         if batch.state is BatchState.OPEN:
-            batch.state = BatchState.SEALED
+            batch.move(BatchState.SEALED)
             self._events.append(batch)
         if self._open.get(batch.open_key) is batch:
             self._open.pop(batch.open_key, None)
@@ -573,7 +487,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
                 self._open.pop(batch.open_key, None)
             if batch.state is not BatchState.OPEN:
                 return  # sealed (full) since: it is on its way to the loop already
-            batch.state = BatchState.SEALED
+            batch.move(BatchState.SEALED)
         batch.timer = None
         self._dispatch(batch)
 
@@ -588,11 +502,11 @@ class _PublisherCore(CoreClosing, CoreForwarding):
 
     def _start(self, batch: Batch) -> None:
         if self._in_flight >= MAX_BATCHES_IN_FLIGHT:
-            batch.state = BatchState.QUEUED
+            batch.move(BatchState.QUEUED)
             self._send_queue.append(batch)
             return
         self._in_flight += 1
-        batch.state = BatchState.SENDING
+        batch.move(BatchState.SENDING)
         self._sending.add(batch)
         task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]  # bound: a batch is sent
         self._tasks.add(task)
@@ -613,10 +527,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
         try:
             outcome = await self._sender.send(batch, counts)
         except asyncio.CancelledError:
-            now = self.clock.now()
-            error = ShutdownTimeoutError(
-                f"shutdown(timeout) ended before the message was published: its {batch.describe(now)}"
-            )
+            error = self.cut_off_error(batch, sent=True)
             try:
                 self._observer.batch_finished(batch, counts.cut_off(error, self.clock.now()), None)
             finally:
@@ -640,7 +551,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
                 self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]  # not ok: error set
 
     def _succeed(self, batch: Batch, message_ids: tuple[str, ...]) -> None:
-        batch.state = BatchState.DONE
+        batch.move(BatchState.DONE)
         try:
             resolve_batch(batch.futures, batch.condition, message_ids=message_ids, segments=batch.segments)
         finally:
@@ -656,7 +567,7 @@ class _PublisherCore(CoreClosing, CoreForwarding):
         """Resolve every future of ``batch`` with ``error``; pause its ordering key."""
         if batch.state is BatchState.DONE:
             return
-        batch.state = BatchState.DONE
+        batch.move(BatchState.DONE)
         if cause is not None:
             error.__cause__ = cause
             _LOGGER.error("hedgepub internal error; failing %d messages", len(batch.futures), exc_info=cause)
@@ -683,14 +594,14 @@ class _PublisherCore(CoreClosing, CoreForwarding):
             open_batch = self._open.pop(key, None)
             if open_batch is not None:
                 with open_batch.lock:
-                    open_batch.state = BatchState.SEALED
+                    if open_batch.state is BatchState.OPEN:  # else sealed by its thread meanwhile
+                        open_batch.move(BatchState.SEALED)
         if open_batch is not None:
             waiting.append(open_batch)
         for batch in waiting:
             if batch.timer is not None:
                 batch.timer.cancel()
                 batch.timer = None
-            batch.state = BatchState.QUEUED  # so that _fail below is the only resolution
             self._fail(batch, OrderingKeyPausedError(key[1]))
 
     def resume(self, topic: str, ordering_key: str) -> None:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hedgepub._exceptions import RpcError
@@ -54,6 +53,7 @@ class _EndpointRecorder:
         "attempts_in_flight",
         "attempts_sent",
         "description",
+        "ever_reached",
         "failures_unreachable",
         "hedges_sent",
         "last_error",
@@ -76,6 +76,8 @@ class _EndpointRecorder:
         #: clock time of the first failure of the current unreachable spell; None while reachable
         self.unreachable_since: float | None = None
         self.failures_unreachable = 0
+        #: whether any attempt ever reached it (answered, or failed on a connected connection)
+        self.ever_reached = False
 
     def sent(self, attempts: int, hedges: int) -> None:
         with self._lock:
@@ -129,6 +131,7 @@ class _EndpointRecorder:
 
     def _reached(self, now: float | None) -> tuple[float, int] | None:
         """The endpoint answered: end an unreachable spell, returning (its length, its failures)."""
+        self.ever_reached = True
         if self.unreachable_since is None:
             return None
         spell = 0.0 if now is None else max(0.0, now - self.unreachable_since)
@@ -283,6 +286,13 @@ class EndpointRoutes:
         return self._recorders[index]
 
     @property
+    def ever_reached(self) -> bool:
+        """Whether an attempt ever reached an endpoint (answered, or failed on a connected connection);
+        while none has and the primary cannot be reached (a closed port, a wrong address), ``shutdown()``
+        waits for the messages only so long (``closing.UNREACHABLE_CLOSE_TIMEOUT``)."""
+        return any(recorder.ever_reached for recorder in self._recorders)
+
+    @property
     def primary_unreachable(self) -> bool:
         """Whether the primary endpoint's latest attempts could not reach it (see ``_EndpointRecorder``)."""
         return self._recorders[0].unreachable_since is not None
@@ -315,14 +325,13 @@ class EndpointRoutes:
         if winner_attempt is not None:
             self._recorders[self.index_for(winner_attempt)].won()
 
-    def snapshot(self) -> Mapping[str, EndpointStats]:
-        """Every endpoint's stats by label, the primary first."""
-        return MappingProxyType(
-            {
-                label: dataclasses.replace(recorder.snapshot(), connections=pool.snapshot())
-                for label, recorder, pool in zip(self.labels, self._recorders, self._pools, strict=True)
-            }
-        )
+    def snapshot(self) -> dict[str, EndpointStats]:
+        """Every endpoint's stats by label, the primary first, as a new plain dict (for a stats
+        snapshot, which ``dataclasses.asdict`` copies)."""
+        return {
+            label: dataclasses.replace(recorder.snapshot(), connections=pool.snapshot())
+            for label, recorder, pool in zip(self.labels, self._recorders, self._pools, strict=True)
+        }
 
     async def close(self) -> None:
         """Close every connection that was opened."""

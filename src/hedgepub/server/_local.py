@@ -40,7 +40,8 @@ from hedgepub.server._store.datadir import (
     open_data_dir,
     push_key_path,
 )
-from hedgepub.server._store.memory import MemoryStore, Store
+from hedgepub.server._store.memory import MemoryStore
+from hedgepub.server._store.protocol import Store
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024
@@ -297,7 +298,7 @@ class AsyncLocalServer:
         await server.start()
         if front is not None:
             private = private.bound(port)
-            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS)
+            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS, authorizer)
             http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http

@@ -29,6 +29,7 @@ import grpc
 import grpc.aio
 from aiohttp import ClientPayloadError
 
+from hedgepub._status import StatusCode
 from hedgepub.server._api import transforms_rest
 from hedgepub.server._api.rest_routes import (
     RestError,
@@ -42,6 +43,8 @@ from hedgepub.server._api.rest_routes import (
     to_json,
 )
 from hedgepub.server._front.front import REST_CLIENT_METADATA, peer_name
+from hedgepub.server._iam.iam import PERMISSION_DENIED_MESSAGE, AllowAll, Authorizer
+from hedgepub.server._pubsub.limits import ServiceError
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -68,8 +71,13 @@ KEEPALIVE_TIMEOUT_SECONDS = 75.0
 class RestGateway:
     """Answers REST calls by calling the server's gRPC face at ``grpc_target`` (``host:port``)."""
 
-    def __init__(self, grpc_target: str, options: Iterable[tuple[str, Any]] = ()) -> None:
+    def __init__(
+        self, grpc_target: str, options: Iterable[tuple[str, Any]] = (), authorizer: Authorizer | None = None
+    ) -> None:
         self._channel = grpc.aio.insecure_channel(grpc_target, options=tuple(options))
+        #: The server's authorizer, for the two transforms methods (which have no gRPC method to call);
+        #: ``None`` when IAM is not enforced.
+        self._authorizer = None if isinstance(authorizer, AllowAll) else authorizer
         self._table = RouteTable(routes())
         self._callables: dict[str, grpc.aio.UnaryUnaryMultiCallable[Any, Any]] = {}
 
@@ -102,25 +110,13 @@ class RestGateway:
         """
         transform_call = transforms_rest.match(http_method, raw_path)
         if transform_call is not None:
-            return await self._transform_call(transform_call[1], body, headers, client)
+            return await self._transform_call(*transform_call, body, headers, client)
         try:
             route, path_values = self._table.match(http_method, raw_path)
             request = build_request(route, path_values, query, body)
-            metadata: list[tuple[str, str]] = []
-            authorization = headers.get("authorization")
-            if authorization:
-                if not authorization.isascii() or not authorization.isprintable():
-                    # gRPC metadata carries printable ASCII only: such a header can hold no valid token.
-                    raise RestError(
-                        grpc.StatusCode.UNAUTHENTICATED,
-                        "Request had invalid authentication credentials: the Authorization header is not "
-                        "printable ASCII.",
-                    )
-                metadata.append(("authorization", authorization))
-            if client:
-                metadata.append((REST_CLIENT_METADATA, client))
+            metadata = _call_metadata(headers, client)
             timeout = _server_timeout(headers.get("x-server-timeout"))
-            response = await self._callable(route)(request, metadata=tuple(metadata), timeout=timeout)
+            response = await self._callable(route)(request, metadata=metadata, timeout=timeout)
         except RestError as error:
             return http_status(error.code), _error_json(error.code, error.message)
         except grpc.aio.AioRpcError as error:
@@ -130,24 +126,37 @@ class RestGateway:
         return 200, to_json(response)
 
     async def _transform_call(
-        self, method: str, body: bytes, headers: Mapping[str, str], client: str | None
+        self, project: str, method: str, body: bytes, headers: Mapping[str, str], client: str | None
     ) -> tuple[int, bytes]:
-        """``validateMessageTransform`` and ``testMessageTransforms`` (see :mod:`.transforms_rest`); a topic
-        or subscription whose transforms are tested is read through the gRPC face."""
-        metadata: list[tuple[str, str]] = []
-        if headers.get("authorization"):
-            metadata.append(("authorization", headers["authorization"]))
-        if client:
-            metadata.append((REST_CLIENT_METADATA, client))
+        """``validateMessageTransform`` and ``testMessageTransforms`` (see :mod:`.transforms_rest`): the
+        caller authenticated as for any route; a topic or subscription whose transforms are tested is
+        read through the gRPC face (so GetTopic's or GetSubscription's permission applies)."""
+        authorizer = self._authorizer
+        try:
+            metadata = _call_metadata(headers, client)
+            authenticate = getattr(authorizer, "authenticate", None)
+            if authenticate is not None:
+                authenticate(metadata)  # who the caller is, before anything is read or run
+        except RestError as error:
+            return http_status(error.code), _error_json(error.code, error.message)
+        except ServiceError as error:
+            code = grpc.StatusCode[error.code.name]
+            return http_status(code), _error_json(code, error.message)
+
+        async def authorize() -> None:
+            if authorizer is not None and not await authorizer.granted(
+                metadata, project, transforms_rest.TRANSFORM_PERMISSIONS
+            ):
+                raise ServiceError(StatusCode.PERMISSION_DENIED, PERMISSION_DENIED_MESSAGE)
 
         async def fetch(kind: str, name: str) -> Any:
             method_name = "GetTopic" if kind == "topic" else "GetSubscription"
             route = next(route for route in self._table.routes() if route.name == method_name)
             request = route.request_class(**{kind: name})
-            return await self._callable(route)(request, metadata=tuple(metadata))
+            return await self._callable(route)(request, metadata=metadata)
 
         try:
-            code, payload = await transforms_rest.answer(method, body, fetch)
+            code, payload = await transforms_rest.answer(method, body, fetch, authorize=authorize)
         except grpc.aio.AioRpcError as error:
             # grpc-stubs types AioRpcError's trailing metadata as objects; they are (key, value) pairs.
             details = status_details(error.trailing_metadata())  # type: ignore[arg-type]
@@ -155,6 +164,24 @@ class RestGateway:
         if code != grpc.StatusCode.OK:
             return http_status(code), _error_json(code, str(payload))
         return 200, json.dumps(payload, indent=2).encode()
+
+
+def _call_metadata(headers: Mapping[str, str], client: str | None) -> tuple[tuple[str, str], ...]:
+    """The gRPC metadata of a REST call: its Authorization header, and the client's address for the log."""
+    metadata: list[tuple[str, str]] = []
+    authorization = headers.get("authorization")
+    if authorization:
+        if not authorization.isascii() or not authorization.isprintable():
+            # gRPC metadata carries printable ASCII only: such a header can hold no valid token.
+            raise RestError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "Request had invalid authentication credentials: the Authorization header is not "
+                "printable ASCII.",
+            )
+        metadata.append(("authorization", authorization))
+    if client:
+        metadata.append((REST_CLIENT_METADATA, client))
+    return tuple(metadata)
 
 
 def _server_timeout(header: str | None) -> float | None:

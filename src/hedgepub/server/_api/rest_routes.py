@@ -311,6 +311,12 @@ def _parse_json(text: bytes, message: Message) -> None:
             f"Invalid JSON payload received. Expected an object, got {type(document).__name__}: "
             f"{text[:40].decode('utf-8', 'replace')!r}.",
         )
+    parse_document(document, message)
+
+
+def parse_document(document: dict[str, Any], message: Message) -> None:
+    """Fill ``message`` from a JSON object already loaded (and depth-checked) in the proto3 JSON mapping;
+    INVALID_ARGUMENT (:class:`RestError`) for base64 that is not base64, unknown names, wrong types."""
     # The stubs allow upb's descriptor class too, which has the same fields.
     _check_base64(document, typing.cast(descriptor.Descriptor, message.DESCRIPTOR))
     try:
