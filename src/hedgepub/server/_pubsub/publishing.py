@@ -80,7 +80,7 @@ class Publishing:
         if topic_name not in self._topics:
             # Raises INVALID_ARGUMENT or NOT_FOUND.
             resources.existing(self._topics, limits.check_topic_name(topic_name))
-        resources.check_publish(messages, request_bytes)
+        resources.check_publish(messages, request_bytes, request)
         topic = self._topics[topic_name]
         kept: Any = messages
         filtered: list[int] = []
