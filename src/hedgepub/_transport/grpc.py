@@ -11,8 +11,10 @@ Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 1. an explicit ``endpoint`` wins (:func:`parse_endpoint`, which the CLI uses too). ``"https://host[:port]"``
    means TLS, ``"http://host:port"`` means plain text; a bare ``"host:port"`` means TLS when the port is
    443 or ``credentials`` were given, plain text otherwise (emulators and local servers listen on other
-   ports); a malformed endpoint is a ``ValueError``;
-2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
+   ports); a bare ``"host"`` only for Google's endpoints (``*.googleapis.com``, TLS on 443); a malformed
+   endpoint, or one without a port (``"localhost"``), is a ``ValueError``;
+2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does (a
+   ``host`` without ``:port`` is a ``ValueError``);
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
 
@@ -225,9 +227,12 @@ def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> Chann
 
     ``"https://host[:port]"`` means TLS (port 443 by default), ``"http://host[:port]"`` plain text (port 80
     by default), and a bare ``"host:port"`` TLS when the port is 443 or ``credentials`` were given, plain
-    text otherwise; a bare ``"host"`` means ``host:443`` over TLS. ``unix:PATH`` is passed to gRPC as
-    is (plain text). Anything else (another scheme, a path, a port that is not a number from 1 to 65535,
-    no host) raises ``ValueError`` naming the accepted forms.
+    text otherwise. A bare ``"host"`` without a port is only taken for Google's own endpoints (a name
+    ending ``.googleapis.com``: ``host:443`` over TLS, as the official client takes them); any other
+    (``"localhost"``, a container's name) raises ``ValueError`` saying that the port is missing, where
+    TLS on 443 would need Google credentials and fail with a credentials error that never names the
+    port. ``unix:PATH`` is passed to gRPC as is (plain text). Anything else (another scheme, a path, a
+    port that is not a number from 1 to 65535, no host) raises ``ValueError`` naming the accepted forms.
     """
     text = endpoint.strip()
     if text.startswith(("unix:", "unix-abstract:")):
@@ -244,8 +249,21 @@ def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> Chann
     if scheme == "http":
         return ChannelTarget(f"{host}:{port or 80}", secure=False)
     if port is None:
+        if not host.lower().endswith(GOOGLE_DOMAIN):
+            raise ValueError(missing_port(f"endpoint {endpoint!r}", host))
         return ChannelTarget(f"{host}:443", secure=True)
     return ChannelTarget(f"{host}:{port}", secure=credentials is not None or port == 443)
+
+
+#: The domain of Google's own endpoints, the only ones a bare host without a port may name.
+GOOGLE_DOMAIN = ".googleapis.com"
+
+
+def missing_port(what: str, host: str, *, tls: bool = True) -> str:
+    """The message for an endpoint without a port (``what`` names it: ``endpoint 'localhost'``), with
+    the ``https://`` form for TLS on 443 when ``tls``."""
+    advice = f"give HOST:PORT ('{host}:8085' for a local server or emulator)"
+    return f"{what} names no port: {advice}" + (f", or https://{host} for TLS on port 443" if tls else "")
 
 
 def _split_host_port(text: str, endpoint: str) -> tuple[str, int | None]:
@@ -290,6 +308,8 @@ def resolve_endpoint(
             except ValueError as error:
                 raise ValueError(f"{EMULATOR_HOST_ENV}: {error}") from None
             return ChannelTarget(parsed.target, parsed.secure, source=EMULATOR_HOST_ENV)
+        if ":" not in emulator:  # gRPC would take port 443 (in plain text), where no emulator listens
+            raise ValueError(missing_port(f"{EMULATOR_HOST_ENV}={emulator!r}", emulator, tls=False))
         return ChannelTarget(emulator, secure=False, source=EMULATOR_HOST_ENV)
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True, source="default")
 
