@@ -195,7 +195,7 @@ def test_file_names_over_the_limits_are_refused_at_create_and_update(
 def _shorten_files(server: LocalServer, subscription: str) -> None:
     """Close files after 1 s (the service allows 1 minute at least: the test shortens what it stored).
     A writer already waiting for a file's end wakes at its next message."""
-    server._core()._subscriptions[subscription].config.cloud_storage_config.max_duration.seconds = 1
+    server._core().registry.subscriptions[subscription].config.cloud_storage_config.max_duration.seconds = 1
 
 
 def test_the_longest_names_allowed_are_written(
@@ -241,7 +241,7 @@ def test_an_open_file_holds_its_messages_on_disk_not_in_memory(
     size = 200_000
     payloads = [bytes([65 + n % 26]) * size for n in range(60)]  # 12 MB, in one open file
     publish_all(publisher, payloads)
-    state = server._core()._subscriptions[SUBSCRIPTION]
+    state = server._core().registry.subscriptions[SUBSCRIPTION]
 
     def on_disk() -> int:
         return sum(path.stat().st_size for path in partial_files(buckets / "big"))
