@@ -14,7 +14,10 @@ delay that a healthy server never reaches):
 * throughput: ``--messages`` published with the client's default batching, futures collected, messages/s;
 * latency: ``--latency-publishes`` publishes one after another, each in a request of its own, p50 and p99;
   the proxy's added p50 is the difference of the medians;
-* the proxy's CPU per message: its process's user + system CPU over the throughput run, per message.
+* the proxy's CPU per message: its process's user + system CPU over the throughput run, per message;
+* CPU per request (raw gRPC, 8 concurrent callers, ``--requests`` each round): the proxy's per Publish of
+  100 messages it hedges and per GetTopic it forwards as bytes, and the server's per GetTopic it answers,
+  which says what a gRPC call costs on the machine at that moment.
 
 **Tails** (``--tails``): the server draws each Publish's latency from ``--mix`` (the reference mix: 95%
 5 ms, 4% 300 ms, 1% 4 s, seeded); publishes go at ``--rate`` per second for ``--seconds``, each in a
@@ -257,9 +260,12 @@ def cost(options: argparse.Namespace) -> None:
         name: {"rate": [], "p50": [], "p99": []} for name in ("direct", "proxy")
     }
     cpu_per_message: list[float] = []
+    cpu_per_request: dict[str, list[float]] = {}
     load_before = load_average()
     try:
         for round_number in range(options.rounds):
+            for label, values in per_request(server, proxy, options.requests).items():
+                cpu_per_request.setdefault(label, []).extend(values)
             for name in _order(["direct", "proxy"], round_number):
                 address = proxy.address if name == "proxy" else server.address
                 cpu_before = proxy.cpu_seconds()
@@ -304,6 +310,51 @@ def cost(options: argparse.Namespace) -> None:
     print(f"{'added p50 (ms)':>22} {spread(added, '.2f'):>53}")
     if cpu_per_message:
         print(f"{'proxy CPU (us/msg)':>22} {spread(cpu_per_message, '.1f'):>53}")
+    for label, values in cpu_per_request.items():
+        print(f"CPU per request, {label} (raw gRPC, 8 callers): {spread(values, ',.0f')} us")
+
+
+def per_request(server: ServerProcess, proxy: ProxyProcess, requests: int) -> dict[str, list[float]]:
+    """CPU microseconds per request of the proxy (a Publish of 100 messages it hedges, a GetTopic it
+    forwards as bytes) and of the server (a GetTopic it answers), raw gRPC from 8 concurrent callers."""
+    import asyncio
+
+    import grpc
+
+    from hedgepub._transport.grpc import PublishRequestPb
+    from hedgepub.admin import AdminClient
+
+    topic = f"projects/{PROJECT}/topics/per-request-{time.monotonic_ns()}"
+    with AdminClient(server.address) as admin:
+        admin.create_topic(topic)
+    publish = PublishRequestPb(topic=topic)
+    for _ in range(100):
+        publish.messages.add(data=PAYLOAD)
+    get = PublishRequestPb(topic=topic).SerializeToString()  # a GetTopicRequest's field 1 is its topic too
+
+    async def drive(address: str, method: str, request: bytes) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = channel.unary_unary(method)
+
+            async def caller() -> None:
+                for _ in range(requests // 8):
+                    await call(request, timeout=60)
+
+            await asyncio.gather(*(caller() for _ in range(8)))
+
+    runs = [
+        ("proxy, Publish of 100 (hedged)", proxy, proxy.address, "Publish", publish.SerializeToString()),
+        ("proxy, GetTopic (bytes)", proxy, proxy.address, "GetTopic", get),
+        ("server, GetTopic", server, server.address, "GetTopic", get),
+    ]
+    figures: dict[str, list[float]] = {}
+    for label, process, address, method, request in runs:
+        before = process.cpu_seconds()
+        asyncio.run(drive(address, f"/google.pubsub.v1.Publisher/{method}", request))
+        after = process.cpu_seconds()
+        if before is not None and after is not None:
+            figures[label] = [(after - before) / (requests // 8 * 8) * 1e6]
+    return figures
 
 
 def tails(options: argparse.Namespace) -> None:
@@ -381,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=20_000, help="throughput: messages per run")
     parser.add_argument("--latency-publishes", type=int, default=500, help="latency: timed publishes per run")
+    parser.add_argument("--requests", type=int, default=800, help="CPU per request: raw requests per run")
     parser.add_argument("--tails", action="store_true", help="the tail-latency comparison instead")
     parser.add_argument("--mix", default=REFERENCE_MIX, help="tails: the server's Publish latency mix")
     parser.add_argument("--rate", type=float, default=100.0, help="tails: publishes per second")
