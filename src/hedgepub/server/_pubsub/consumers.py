@@ -19,7 +19,13 @@ from hedgepub._clock import Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
-from hedgepub.server._pubsub.delivery import SubscriptionState, dead_letter_copy
+from hedgepub.server._pubsub.delivery import (
+    FRAMING_BYTES,
+    MAX_RESPONSE_BYTES,
+    ReceivedMessage,
+    SubscriptionState,
+    dead_letter_copy,
+)
 from hedgepub.server._pubsub.expiration import ExpirationWatch
 from hedgepub.server._pubsub.leases import (
     MAX_MESSAGES_PER_RESPONSE,
@@ -30,6 +36,7 @@ from hedgepub.server._pubsub.leases import (
 )
 from hedgepub.server._pubsub.limits import ServiceError, invalid
 from hedgepub.server._pubsub.replay import Replay
+from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.memory import Store
 
 logger = logging.getLogger("hedgepub.server")
@@ -60,8 +67,10 @@ class Consumers:
         append: Callable[[str, list[Any]], Awaitable[list[str]]],
         spawn: Callable[[Any], None],
         may_forward: Callable[[str, str], bool] | None = None,
+        transforms: Transforms | None = None,
     ) -> None:
         self._store = store
+        self._transforms = transforms if transforms is not None else Transforms()
         self._clock = clock
         self._wall_clock_ns = wall_clock_ns
         self._subscriptions = subscriptions
@@ -116,12 +125,13 @@ class Consumers:
             return None
         return state if state.config.push_config.push_endpoint else None
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease ready messages for a push worker (as :meth:`pull` does for a caller)."""
-        return self._take(state, consumer, max_messages)
+        return await self._take(state, consumer, max_messages)
 
-    def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
-        """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
+    async def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease up to ``max_messages`` ready messages to ``consumer``, transformed by the subscription's
+        transforms; drop those past retention."""
         if not state.ready and not state.more and not state.held_lines:
             return []
         config = state.config
@@ -130,7 +140,48 @@ class Consumers:
         out, expired = state.take(consumer, max_messages, oldest_kept)
         if expired:
             self._spawn(self._store.ack(state.name, expired))
+        if out and config.message_transforms and not all(t.disabled for t in config.message_transforms):
+            out = await self._transformed(state, config, out)
         return out
+
+    async def _transformed(self, state: SubscriptionState, config: Any, out: list[Any]) -> list[Any]:
+        """The leased messages ``out`` after the subscription's transforms. One they fail on is a delivery
+        attempt that ended unacknowledged (:meth:`~.SubscriptionState.transform_failed`), one they filter
+        out is acknowledged; those not run (the request's CPU budget spent, a worker stopped) and those
+        past the response's size go back uncounted (:meth:`~.SubscriptionState.give_back`)."""
+        results = await self._transforms.apply(
+            state.name, config.message_transforms, [r.message for r in out]
+        )
+        kept: list[Any] = []
+        back: list[Any] = []
+        filtered: list[int] = []
+        total = 0
+        for received, result in zip(out, results, strict=True):
+            lease = state.leases.get(received.ack_id)
+            if lease is None:
+                continue  # ended meanwhile: its deadline passed, or an earlier message of its key came back
+            if back or isinstance(result, NotRun):
+                back.append(lease)
+            elif isinstance(result, TransformFailed):
+                state.transform_failed(lease, result)
+            elif result is None:  # filtered out: acknowledged, as a subscription's filter does
+                filtered.extend(state.acknowledge([received.ack_id]))
+            else:
+                size = result.ByteSize() + len(received.ack_id) + FRAMING_BYTES
+                if kept and total + size > MAX_RESPONSE_BYTES:
+                    back.append(lease)
+                    continue
+                total += size
+                kept.append(
+                    ReceivedMessage(
+                        ack_id=received.ack_id, message=result, delivery_attempt=received.delivery_attempt
+                    )
+                )
+        if back:
+            state.give_back(back)
+        if filtered:
+            self._spawn(self._store.ack(state.name, filtered))
+        return [received for received in kept if received.ack_id in state.leases]
 
     def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
         # Read from the store but never to be delivered (a filter refused them before a crash let the
@@ -230,7 +281,7 @@ class Consumers:
         # write overlaps the wait for messages.
         recorded = self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds), group=state.pull_group)
-        taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+        taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
             await self._record_leases(state, taken)
             if recorded is not None:
@@ -244,7 +295,7 @@ class Consumers:
             if not await state.wait_changed(remaining):
                 break
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+            taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         await self._record_leases(state, taken)
         if recorded is not None:
             await recorded
@@ -255,7 +306,7 @@ class Consumers:
         once when it owes its client :attr:`~Consumer.confirmations` (set them, then :meth:`wake`)."""
         while not consumer.closed:
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+            taken = await self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
                 await self._record_leases(state, taken)
                 return taken

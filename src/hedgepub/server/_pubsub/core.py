@@ -37,6 +37,7 @@ from hedgepub.server._pubsub.publishing import Publishing
 from hedgepub.server._pubsub.push import PushDispatcher
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
+from hedgepub.server._pubsub.transforms import Transforms
 from hedgepub.server._store.memory import Snapshot, Store, StoredMessage
 
 logger = logging.getLogger("hedgepub.server")
@@ -106,9 +107,17 @@ class PubSubCore:
         )
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, wall_ns)
+        #: Message transforms: UDFs in a sandbox of worker processes, started on first use.
+        self.transforms = Transforms()
         #: Publish and the fan-out of stored messages.
         self.publishing = Publishing(
-            store, wall_ns, self._topics, self._attached, schemas=self.schemas, replay=self.replay
+            store,
+            wall_ns,
+            self._topics,
+            self._attached,
+            schemas=self.schemas,
+            replay=self.replay,
+            transforms=self.transforms,
         )
         #: Pull, StreamingPull and push leases, acks, deadlines and dead-letter forwarding.
         self.consumers = Consumers(
@@ -122,6 +131,7 @@ class PubSubCore:
             append=self.publishing.append,
             spawn=self._spawn,
             may_forward=may_forward,
+            transforms=self.transforms,
         )
         #: One push worker per push subscription (started and stopped as subscriptions change).
         self.push = PushDispatcher(self.consumers, clock, push_tokens)
@@ -207,6 +217,7 @@ class PubSubCore:
         """Stop push delivery, timers and background work, and close the store."""
         await self.push.close()
         await self.exports.close()
+        await self.transforms.close()
         self.consumers.leasing.close()
         self._expiration.close()
         self.replay.close()
@@ -226,6 +237,7 @@ class PubSubCore:
         """Delete every topic, subscription, policy and message."""
         await self.push.close()
         await self.exports.close()
+        await self.transforms.close()
         for state in self._subscriptions.values():
             state.close()
         self._topics.clear()
@@ -268,6 +280,7 @@ class PubSubCore:
         resources.check_topic_fields(request)
         if request.HasField("schema_settings"):
             self.schemas.check_settings(request.schema_settings)
+        await self.transforms.validate(request.message_transforms)
         topic = resources.copy_with(request, state=resources.topic_state(request))
         await self._store.put("topics", name, topic)
         if name in self._topics:  # created concurrently while we waited for the store
@@ -291,6 +304,8 @@ class PubSubCore:
         updated.state = resources.topic_state(updated)
         if updated.HasField("schema_settings") and updated.schema_settings != current.schema_settings:
             self.schemas.check_settings(updated.schema_settings)
+        if updated.message_transforms != current.message_transforms:
+            await self.transforms.validate(updated.message_transforms)
         await self._store.put("topics", updated.name, updated)
         self._topics[updated.name] = updated
         await self.replay.topic_changed(updated)
@@ -311,6 +326,7 @@ class PubSubCore:
         self._topic(name)
         await self._store.delete("topics", name)
         self._topics.pop(name, None)
+        await self.transforms.forget(name)
         await self.replay.topic_deleted(name)
         await self.policies.drop(name)
         for state in self._attached.pop(name, {}).values():
@@ -372,6 +388,7 @@ class PubSubCore:
         config.ClearField("topic_message_retention_duration")  # output only: shown from the topic
         resources.check_subscription_fields(config, buckets=self.exports.buckets_dir is not None)
         self._check_dead_letter_topic(config)
+        await self.transforms.validate(config.message_transforms)
         await self._store.put("subscriptions", name, config)
         if name in self._subscriptions:
             raise limits.already_exists(name)
@@ -420,6 +437,8 @@ class PubSubCore:
         )
         if any(path.split(".", 1)[0] == "dead_letter_policy" for path in paths):
             self._check_dead_letter_topic(config)
+        if config.message_transforms != state.config.message_transforms:
+            await self.transforms.validate(config.message_transforms)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
@@ -452,6 +471,7 @@ class PubSubCore:
         await self._store.delete("subscriptions", name)
         await self.replay.subscription_deleted(name)
         await self.policies.drop(name)
+        await self.transforms.forget(name)
         if self._subscriptions.get(name) is state:
             del self._subscriptions[name]
             self._attached.get(state.config.topic, {}).pop(name, None)
