@@ -102,6 +102,12 @@ class _Process:
             self.keys.clear()
         return process
 
+    @property
+    def pid(self) -> int | None:
+        """The worker's process ID while it runs."""
+        process = self._process
+        return process.pid if process is not None and process.returncode is None else None
+
     async def send(self, value: Any) -> None:
         """Write a request frame (the lock held)."""
         process = await self._started()
@@ -252,10 +258,18 @@ class Sandbox:
         for worker in self._workers:
             if not any(key[0] == resource for key in worker.keys):
                 continue
-            async with worker.lock:
+            await worker.lock.acquire()
+            try:
                 worker.keys = {key for key in worker.keys if key[0] != resource}
-                with contextlib.suppress(WorkerDied):
-                    await worker.send(("forget", resource))
+                if worker.pid is not None:
+                    with contextlib.suppress(WorkerDied):
+                        await worker.send(("forget", resource))
+            finally:
+                await self._release(worker)
+
+    def worker_pids(self) -> list[int]:
+        """Process IDs of the workers running now (for a look at their memory)."""
+        return [worker.pid for worker in self._workers if worker.pid is not None]
 
     async def close(self) -> None:
         """End the workers."""
