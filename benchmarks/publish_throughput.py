@@ -145,7 +145,7 @@ class InstantTransport:
     ``ScriptedTransport`` parses every request into a protobuf object first, a cost of its own.)
     """
 
-    sends_bytes = True
+    ready = True
 
     def __init__(self, topic: str) -> None:
         from hedgepub._publisher.batch import data_head, request_overhead
@@ -164,6 +164,14 @@ class InstantTransport:
 
     def connected(self) -> bool:
         """Always "connected"."""
+        return True
+
+    def keep_connected(self) -> bool:
+        """No connection to keep."""
+        return False
+
+    async def probe(self, timeout: float) -> bool:
+        """Always answers."""
         return True
 
     async def close(self) -> None:

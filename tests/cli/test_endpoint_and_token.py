@@ -43,6 +43,23 @@ def test_a_malformed_endpoint_is_a_usage_error_naming_the_forms(hedgepub_cli, en
     assert "HOST:PORT, http://HOST:PORT (plain text) or https://HOST[:PORT] (TLS)" in result.output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("topics", "list"),
+        ("publish", "orders", "x"),
+        ("bench", "--topic", "bench", "--yes", "--duration", "2"),
+    ],
+)
+def test_an_endpoint_without_a_port_is_a_usage_error_saying_so(hedgepub_cli, command, tmp_path) -> None:
+    # "localhost" meant TLS on 443 and Google credentials: a credentials error that never named the port.
+    result = hedgepub_cli(*command, "--endpoint", "localhost")
+    assert result.exit_code == 2, result.output
+    assert "names no port: give HOST:PORT ('localhost:8085' for a local server or emulator)" in " ".join(
+        result.output.split()
+    )
+
+
 def test_https_means_tls_so_a_plain_text_server_is_unreachable(pubsub_server, hedgepub_cli) -> None:
     result = hedgepub_cli(
         "topics", "list", "--endpoint", f"https://{pubsub_server.address}", "--timeout", "2"

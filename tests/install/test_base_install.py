@@ -130,3 +130,18 @@ def test_the_rpc_table_is_in_the_base_install() -> None:
     count, rest = completed.stdout.split(" ", 1)
     assert int(count) > 30  # Publisher, Subscriber, SchemaService and IAMPolicy methods
     assert rest.strip() == "['StreamingPull'] False []"
+
+
+def test_the_proxy_needs_no_extra() -> None:
+    code = _REFUSE + textwrap.dedent(
+        """
+        from hedgepub.proxy import Proxy
+        with Proxy("127.0.0.1:1") as proxy:
+            address = proxy.address
+        loaded = sorted({name.partition(".")[0] for name in sys.modules} & set(REFUSED))
+        print(address.startswith("127.0.0.1:"), "hedgepub.server" in sys.modules, loaded)
+        """
+    ).replace("set(REFUSED)", repr(set(REFUSED)))
+    completed = _python(code)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "True False []"

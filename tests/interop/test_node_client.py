@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ WITNESS_ID = "orders-witness"
 ORDERED_MESSAGES = 5
 
 
-def _node() -> str:
+def node_path() -> str:
+    """The ``node`` to run the scripts with; skips the test where Node.js or the client is missing."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("Node.js interop: `node` is not on PATH")
@@ -39,33 +41,29 @@ def _node() -> str:
     return node
 
 
-def test_official_node_client_round_trip() -> None:
-    node = _node()
-    topic = f"projects/{PROJECT}/topics/{TOPIC_ID}"
-    with LocalServer(host="127.0.0.1", port=0, in_memory=True) as server:
-        env = {
-            **os.environ,
-            "PUBSUB_EMULATOR_HOST": server.address,
-            "INTEROP_PROJECT": PROJECT,
-            "INTEROP_TOPIC": TOPIC_ID,
-            "INTEROP_SUBSCRIPTION": SUBSCRIPTION_ID,
-            # Never pulled: it keeps every message on the server for the comparison below.
-            "INTEROP_WITNESS_SUBSCRIPTION": WITNESS_ID,
-            "INTEROP_MESSAGES": str(ORDERED_MESSAGES),
-            # The script's own deadline comes first, so a hang ends with its message, not a kill.
-            "INTEROP_TIMEOUT_MS": "45000",
-        }
-        result = subprocess.run(
-            [node, "interop.mjs"],
-            cwd=NODE_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        stored = server.messages(topic)
+def run_interop(node: str, address: str) -> subprocess.CompletedProcess[str]:
+    """Run ``node/interop.mjs`` against the Pub/Sub endpoint at ``address`` (``PUBSUB_EMULATOR_HOST``)."""
+    env = {
+        **os.environ,
+        "PUBSUB_EMULATOR_HOST": address,
+        "INTEROP_PROJECT": PROJECT,
+        "INTEROP_TOPIC": TOPIC_ID,
+        "INTEROP_SUBSCRIPTION": SUBSCRIPTION_ID,
+        # Never pulled: it keeps every message on the server for the comparison below.
+        "INTEROP_WITNESS_SUBSCRIPTION": WITNESS_ID,
+        "INTEROP_MESSAGES": str(ORDERED_MESSAGES),
+        # The script's own deadline comes first, so a hang ends with its message, not a kill.
+        "INTEROP_TIMEOUT_MS": "45000",
+    }
+    return subprocess.run(
+        [node, "interop.mjs"], cwd=NODE_DIR, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
 
+
+def check_round_trip(result: subprocess.CompletedProcess[str], stored: list[Any]) -> None:
+    """The script's summary and the messages the server stored (``server.messages(topic)``) show a full
+    round trip: topics, ordered delivery, attributes, nack and redelivery, deletes."""
+    topic = f"projects/{PROJECT}/topics/{TOPIC_ID}"
     output = f"{result.stderr}\n{result.stdout}"
     assert result.returncode == 0, f"interop.mjs exited {result.returncode}:\n{output}"
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -96,3 +94,11 @@ def test_official_node_client_round_trip() -> None:
     ]
     assert [message.ordering_key for message in stored] == ["interop-key"] * ORDERED_MESSAGES + [""]
     assert all(message.topic == topic for message in stored)
+
+
+def test_official_node_client_round_trip() -> None:
+    node = node_path()
+    with LocalServer(host="127.0.0.1", port=0, in_memory=True) as server:
+        result = run_interop(node, server.address)
+        stored = server.messages(f"projects/{PROJECT}/topics/{TOPIC_ID}")
+    check_round_trip(result, stored)

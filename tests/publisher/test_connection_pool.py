@@ -134,11 +134,11 @@ async def test_a_retry_after_a_failure_goes_on_another_connection() -> None:
 @virtual_time
 async def test_a_connection_still_connecting_gets_no_attempt_while_another_is_ready() -> None:
     connections, publisher = await pooled_publisher(2, hedging=False)
-    connections[0].ready = False  # type: ignore[attr-defined]  # as GrpcTransport says while connecting
+    connections[0].ready = False  # as GrpcTransport says while connecting
     for number in range(4):
         await publisher.publish(TOPIC, b"%d" % number)
     assert [len(connection.calls) for connection in connections] == [0, 4]
-    connections[1].ready = False  # type: ignore[attr-defined]  # none ready: the first is first again
+    connections[1].ready = False  # none ready: the first is first again
     for number in range(4):
         await publisher.publish(TOPIC, b"%d" % number)
     assert [len(connection.calls) for connection in connections] == [4, 4]

@@ -17,7 +17,13 @@ from collections.abc import Callable
 
 import pytest
 
-from hedgepub import PublisherClient, RetrySettings, ShutdownTimeoutError
+from hedgepub import (
+    AsyncPublisherClient,
+    HedgingSettings,
+    PublisherClient,
+    RetrySettings,
+    ShutdownTimeoutError,
+)
 from hedgepub._transport.grpc import resolve_endpoint
 from hedgepub.admin import AdminClient
 from hedgepub.server import LocalServer
@@ -145,6 +151,20 @@ def test_pubsub_emulator_host_takes_a_scheme_as_endpoint_does(
     assert (plain.target, plain.secure) == ("emulator.example:443", False)  # bare: plain text, as always
     with pytest.raises(ValueError, match="PUBSUB_EMULATOR_HOST"):
         resolve_endpoint(environ={"PUBSUB_EMULATOR_HOST": "ftp://emulator.example"})
+
+
+@pytest.mark.parametrize("client_class", [PublisherClient, AsyncPublisherClient])
+def test_an_endpoint_without_a_port_is_refused_saying_so(
+    client_class: type[PublisherClient] | type[AsyncPublisherClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It meant TLS on port 443, so Application Default Credentials were looked up: DefaultCredentialsError.
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", os.devnull)
+    with pytest.raises(ValueError, match=r"endpoint 'localhost' names no port: give HOST:PORT"):
+        client_class(endpoint="localhost")
+    with pytest.raises(ValueError, match=r"endpoint 'pubsub' names no port"):
+        client_class(
+            endpoint="http://127.0.0.1:1", hedge_endpoints=["pubsub"], hedging_settings=HedgingSettings()
+        )
 
 
 def test_a_process_exiting_without_shutdown_is_bounded_while_the_endpoint_is_unreachable(

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import google.oauth2.credentials
 import pytest
 from google.api_core import exceptions as api_exceptions
 from google.api_core import retry as api_retry
@@ -196,6 +197,25 @@ def test_official_arguments_become_hedgepub_settings(monkeypatch: pytest.MonkeyP
             retryable_codes={StatusCode.ABORTED},
         )
         assert core.routes.labels[0] == "127.0.0.1:1"  # the primary endpoint's host:port
+    finally:
+        publisher.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("api_endpoint", "label"),
+    [("localhost", "localhost:443"), ("[::1]", "[::1]:443"), ("127.0.0.1:1", "127.0.0.1:1")],
+)
+def test_an_api_endpoint_without_a_port_is_tls_on_443_as_the_official_client_takes_it(
+    monkeypatch: pytest.MonkeyPatch, api_endpoint: str, label: str
+) -> None:
+    # hedgepub's own endpoint= asks for the port of a bare host; client_options keep the official meaning.
+    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
+    credentials = google.oauth2.credentials.Credentials("t")
+    publisher = hedgepub.PublisherClient(
+        client_options={"api_endpoint": api_endpoint}, credentials=credentials
+    )
+    try:
+        assert publisher._core.routes.labels[0] == label
     finally:
         publisher.shutdown()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import google.auth.credentials
 import grpc
@@ -73,7 +74,12 @@ def test_the_telemetry_header_has_the_references_bytes(attempt: int, expected: s
     [
         ("localhost:8085", None, {"PUBSUB_EMULATOR_HOST": "other:1"}, ChannelTarget("localhost:8085", False)),
         ("example.test:443", None, {}, ChannelTarget("example.test:443", True)),
-        ("example.test", None, {}, ChannelTarget("example.test:443", True)),
+        (
+            "us-east1-pubsub.googleapis.com",
+            None,
+            {},
+            ChannelTarget("us-east1-pubsub.googleapis.com:443", True),
+        ),
         ("https://example.test", None, {}, ChannelTarget("example.test:443", True)),
         ("https://example.test:8443", None, {}, ChannelTarget("example.test:8443", True)),
         ("http://127.0.0.1:9000", None, {}, ChannelTarget("127.0.0.1:9000", False)),
@@ -112,6 +118,28 @@ def test_a_malformed_endpoint_is_refused_naming_the_accepted_forms(endpoint: str
         parse_endpoint(endpoint)
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "host"),
+    [
+        ("localhost", "localhost"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("pubsub-emulator", "pubsub-emulator"),
+        ("[::1]", "[::1]"),
+        ("pubsub.internal.example", "pubsub.internal.example"),
+    ],
+)
+def test_a_bare_host_other_than_googles_says_its_port_is_missing(endpoint: str, host: str) -> None:
+    # It meant TLS on 443 and needed Google credentials: DefaultCredentialsError, the port never named.
+    with pytest.raises(ValueError, match=rf"names no port: give HOST:PORT \('{re.escape(host)}:8085'"):
+        resolve_endpoint(endpoint, environ={})
+    assert resolve_endpoint(f"https://{endpoint}", environ={}) == ChannelTarget(f"{host}:443", True)
+
+
+def test_an_emulator_host_without_a_port_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"PUBSUB_EMULATOR_HOST='localhost' names no port"):
+        resolve_endpoint(environ={"PUBSUB_EMULATOR_HOST": "localhost"})
+
+
 def test_channel_allows_messages_above_ten_megabytes() -> None:
     options = dict(CHANNEL_OPTIONS)
     assert options["grpc.max_send_message_length"] > 10_000_000
@@ -128,8 +156,9 @@ def test_secure_channel_with_given_credentials() -> None:
     asyncio.run(scenario())
 
 
-def _request(topic: str, count: int) -> object:
-    return PublishRequestPb(topic=topic, messages=[PubsubMessagePb(data=b"m%d" % i) for i in range(count)])
+def _request(topic: str, count: int) -> bytes:
+    request = PublishRequestPb(topic=topic, messages=[PubsubMessagePb(data=b"m%d" % i) for i in range(count)])
+    return request.SerializeToString()
 
 
 def test_grpc_transport_publishes_and_maps_errors(server, topic: str) -> None:  # type: ignore[no-untyped-def]

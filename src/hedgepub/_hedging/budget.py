@@ -10,8 +10,6 @@ it measures the service, which every topic reaches the same way.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from types import MappingProxyType
 
 from hedgepub._hedging.bucket import TokenBucket
 from hedgepub._hedging.delay import AdaptiveDelayEstimator
@@ -47,11 +45,12 @@ class HedgingBudget:
                     bucket = self._buckets[topic] = TokenBucket.from_settings(self.settings)
         return bucket
 
-    def tokens_by_topic(self) -> Mapping[str, float]:
-        """Each topic's tokens now, for the topics that have sent a batch (any thread)."""
+    def tokens_by_topic(self) -> dict[str, float]:
+        """Each topic's tokens now, for the topics that have sent a batch (any thread), as a new plain
+        dict (a stats snapshot holds it, and ``dataclasses.asdict`` copies it)."""
         with self._lock:
             buckets = list(self._buckets.items())
-        return MappingProxyType({topic: bucket.tokens for topic, bucket in buckets})
+        return {topic: bucket.tokens for topic, bucket in buckets}
 
     @property
     def tokens(self) -> float:

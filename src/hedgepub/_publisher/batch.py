@@ -6,11 +6,11 @@ other message is serialized once. The request that is sent is those pieces joine
 built once when the batch is sent: no protobuf object per message, no proto-plus. Messages of data alone
 are kept as the caller's bytes only (:attr:`Batch.plain`, one list append on the hot path) and framed
 when the request is built, all at once: when they have one length, as most batches' do, by joining them
-with that length's head, at C speed. Adding a message costs
-about half of adding it to a protobuf request, and the request needs no serializing. Transports that take
-the bytes (:class:`~hedgepub._transport.grpc.GrpcTransport`) get them; others get :attr:`Batch.request`,
-the same bytes parsed. Sizes are those of the wire: a request is its ``topic`` field plus, per message,
-the field tag, the length prefix and the message's own ``ByteSize()``.
+with that length's head, at C speed. Adding a message costs about half of adding it to a protobuf request,
+and the request needs no serializing: every transport takes those bytes (:meth:`Batch.wire`);
+:attr:`Batch.request` is the same bytes parsed, for telemetry. Sizes are those of the wire: a request is
+its ``topic`` field plus, per message, the field tag, the length prefix and the message's own
+``ByteSize()``.
 """
 
 from __future__ import annotations
@@ -115,6 +115,24 @@ class BatchState(enum.Enum):
     DONE = "done"
 
 
+class IllegalTransition(RuntimeError):
+    """A batch was moved to a state its table (:data:`TRANSITIONS`) does not lead to: a bug in the
+    publisher. Raised where a batch is dispatched, it fails that batch's futures with an internal error."""
+
+
+#: Every state a batch may move to from each state (:meth:`Batch.move`); any other move raises
+#: :class:`IllegalTransition`. A batch fails (``DONE``) from any state before its end: an internal error,
+#: its ordering key paused, shutdown or a fork abandoning it.
+TRANSITIONS: dict[BatchState, frozenset[BatchState]] = {
+    BatchState.OPEN: frozenset({BatchState.SEALED, BatchState.DONE}),
+    BatchState.SEALED: frozenset({BatchState.QUEUED, BatchState.SENDING, BatchState.DONE}),
+    # Queued again: its key's previous batch finished while the most batches are in flight.
+    BatchState.QUEUED: frozenset({BatchState.QUEUED, BatchState.SENDING, BatchState.DONE}),
+    BatchState.SENDING: frozenset({BatchState.DONE}),
+    BatchState.DONE: frozenset(),
+}
+
+
 def _describer(batch: weakref.ref[Batch], now: Callable[[], float]) -> Callable[[], str]:
     """What a batch (held weakly: the condition must not keep it alive) is doing now, in words."""
 
@@ -187,6 +205,7 @@ class Batch:
         )
         #: Bytes held against flow control (released when the batch resolves).
         self.flow_bytes = 0
+        #: Where the batch is in its life; changed by :meth:`move` only.
         self.state = BatchState.OPEN
         self.timer: Any = None
         #: Guards messages going in against the batch being sealed (see the publisher's core): held by the
@@ -229,10 +248,17 @@ class Batch:
         batch = cls(topic, ordering_key, batch_id, sync_futures=False, now=now)
         batch._wire = wire
         batch.byte_size = len(wire)
-        batch.state = BatchState.SEALED
+        batch.move(BatchState.SEALED)
         batch.ready_count = count
         batch.extra_metadata = tuple(extra_metadata)
         return batch
+
+    def move(self, to: BatchState) -> None:
+        """Move to state ``to``: the one way :attr:`state` changes (it is read without a call on the hot
+        path). Raises :class:`IllegalTransition` if :data:`TRANSITIONS` has no such move."""
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self!r} cannot move from {self.state.value} to {to.value}")
+        self.state = to
 
     def add_data(self, data: bytes) -> None:
         """Add a message of ``data`` alone (holding the batch's lock)."""

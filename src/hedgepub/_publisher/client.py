@@ -349,7 +349,8 @@ class PublisherClient(_ClientFacade):
         enable_message_ordering: deliver messages with the same ordering key in order; with hedging on,
             batches with an ordering key are never hedged (unkeyed ones are).
         endpoint: ``"host:port"`` to connect to; see :mod:`hedgepub._transport.grpc` for TLS or plain text.
-            Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub.
+            Default: ``PUBSUB_EMULATOR_HOST`` if set, else Google Cloud Pub/Sub. A host without a port
+            (``"localhost"``) is a ``ValueError``, except Google's own (``*.googleapis.com``: TLS on 443).
         credentials: google-auth credentials for a TLS endpoint; default Application Default Credentials.
         hedge_endpoints: other endpoints of the same service (``"europe-west1-pubsub.googleapis.com"``)
             that hedges go to, in turn, instead of the primary; originals and retries stay on the

@@ -92,7 +92,7 @@ class CoreClosing:
         for batch in {id(batch): batch for batch in batches}.values():
             if batch.state is BatchState.DONE:
                 continue
-            batch.state = BatchState.DONE
+            batch.move(BatchState.DONE)
             batch.lock = threading.Lock()
             if batch.condition is not None:
                 inherited, batch.condition = batch.condition, BatchCondition()

@@ -426,7 +426,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         a moment when it was in neither, and a shutdown that looked then never sent it.)
         """
         if batch.state is BatchState.OPEN:
-            batch.state = BatchState.SEALED
+            batch.move(BatchState.SEALED)
             self._events.append(batch)
         if self._open.get(batch.open_key) is batch:
             self._open.pop(batch.open_key, None)
@@ -487,7 +487,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
                 self._open.pop(batch.open_key, None)
             if batch.state is not BatchState.OPEN:
                 return  # sealed (full) since: it is on its way to the loop already
-            batch.state = BatchState.SEALED
+            batch.move(BatchState.SEALED)
         batch.timer = None
         self._dispatch(batch)
 
@@ -502,11 +502,11 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
 
     def _start(self, batch: Batch) -> None:
         if self._in_flight >= MAX_BATCHES_IN_FLIGHT:
-            batch.state = BatchState.QUEUED
+            batch.move(BatchState.QUEUED)
             self._send_queue.append(batch)
             return
         self._in_flight += 1
-        batch.state = BatchState.SENDING
+        batch.move(BatchState.SENDING)
         self._sending.add(batch)
         task = self._loop.create_task(self._send(batch))  # type: ignore[union-attr]  # bound: a batch is sent
         self._tasks.add(task)
@@ -554,7 +554,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
                 self._fail(batch, outcome.error, counted=True)  # type: ignore[arg-type]  # not ok: error set
 
     def _succeed(self, batch: Batch, message_ids: tuple[str, ...]) -> None:
-        batch.state = BatchState.DONE
+        batch.move(BatchState.DONE)
         try:
             resolve_batch(batch.futures, batch.condition, message_ids=message_ids, segments=batch.segments)
         finally:
@@ -570,7 +570,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         """Resolve every future of ``batch`` with ``error``; pause its ordering key."""
         if batch.state is BatchState.DONE:
             return
-        batch.state = BatchState.DONE
+        batch.move(BatchState.DONE)
         if cause is not None:
             error.__cause__ = cause
             _LOGGER.error("hedgepub internal error; failing %d messages", len(batch.futures), exc_info=cause)
@@ -597,14 +597,14 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
             open_batch = self._open.pop(key, None)
             if open_batch is not None:
                 with open_batch.lock:
-                    open_batch.state = BatchState.SEALED
+                    if open_batch.state is BatchState.OPEN:  # else sealed by its thread meanwhile
+                        open_batch.move(BatchState.SEALED)
         if open_batch is not None:
             waiting.append(open_batch)
         for batch in waiting:
             if batch.timer is not None:
                 batch.timer.cancel()
                 batch.timer = None
-            batch.state = BatchState.QUEUED  # so that _fail below is the only resolution
             self._fail(batch, OrderingKeyPausedError(key[1]))
 
     def resume(self, topic: str, ordering_key: str) -> None:

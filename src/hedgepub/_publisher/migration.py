@@ -190,6 +190,15 @@ _CLIENT_OPTION_ADVICE = {
 }
 
 
+def _official_endpoint(api_endpoint: str) -> str:
+    """``api_endpoint`` as the official client reads it: a host without a port is TLS on 443 (hedgepub's
+    own ``endpoint`` takes that only for ``*.googleapis.com``, and asks for the port otherwise)."""
+    text = api_endpoint.strip()
+    if "://" in text or text.startswith("unix") or text.rsplit("]", 1)[-1].count(":") == 1:
+        return text
+    return f"https://{text}"
+
+
 def client_options(options: Any, environ: Any = None) -> dict[str, Any]:
     """``client_options`` (a dict or ``google.api_core.client_options.ClientOptions``) as hedgepub arguments.
 
@@ -204,7 +213,7 @@ def client_options(options: Any, environ: Any = None) -> dict[str, Any]:
             continue
         if name == "api_endpoint":
             if not environ.get(EMULATOR_HOST_ENV):
-                translated["endpoint"] = value
+                translated["endpoint"] = _official_endpoint(value)
         elif name == "credentials_file":
             import google.auth
 

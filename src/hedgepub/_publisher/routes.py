@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hedgepub._exceptions import RpcError
@@ -315,14 +314,13 @@ class EndpointRoutes:
         if winner_attempt is not None:
             self._recorders[self.index_for(winner_attempt)].won()
 
-    def snapshot(self) -> Mapping[str, EndpointStats]:
-        """Every endpoint's stats by label, the primary first."""
-        return MappingProxyType(
-            {
-                label: dataclasses.replace(recorder.snapshot(), connections=pool.snapshot())
-                for label, recorder, pool in zip(self.labels, self._recorders, self._pools, strict=True)
-            }
-        )
+    def snapshot(self) -> dict[str, EndpointStats]:
+        """Every endpoint's stats by label, the primary first, as a new plain dict (for a stats
+        snapshot, which ``dataclasses.asdict`` copies)."""
+        return {
+            label: dataclasses.replace(recorder.snapshot(), connections=pool.snapshot())
+            for label, recorder, pool in zip(self.labels, self._recorders, self._pools, strict=True)
+        }
 
     async def close(self) -> None:
         """Close every connection that was opened."""

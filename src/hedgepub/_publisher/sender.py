@@ -144,8 +144,7 @@ class BatchSender:
                     metadata = headers[attempt_number] = (
                         request_metadata(topic, batch_id, attempt_number, started) + extra_metadata
                     )
-                request = wire if getattr(transport, "sends_bytes", False) else batch.request
-                ids = await transport.publish(request, metadata, timeout)
+                ids = await transport.publish(wire, metadata, timeout)
             except asyncio.CancelledError:
                 winner = won_on[0]
                 if lease is not None and pool is not None and winner is not None and winner[0] == index:

@@ -46,7 +46,7 @@ class OrderingSequencer:
         if queue is None:
             queue = self._keys[key] = _KeyQueue()
         if queue.in_flight:
-            batch.state = BatchState.QUEUED
+            batch.move(BatchState.QUEUED)
             queue.waiting.append(batch)
             return False
         queue.in_flight = True

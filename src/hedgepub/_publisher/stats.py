@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hdrh.histogram import HdrHistogram
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from hedgepub._hedging.engine import BatchOutcome
     from hedgepub._publisher.batch import Batch
 
@@ -41,8 +44,54 @@ def max_ms(histogram: HdrHistogram) -> float:
     return 0.0 if histogram.get_total_count() == 0 else histogram.get_max_value() / 1000.0
 
 
-@dataclass(frozen=True)
-class ConnectionStats:
+def _json_ready(value: object) -> object:
+    """``value`` as JSON's own types: a dataclass or mapping as a dict, a tuple or list as a list."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json_ready(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(key): _json_ready(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_json_ready(item) for item in value]
+    return value
+
+
+def _pretty(value: object, indent: int) -> str:
+    """``value``'s repr, a field, entry or item a line (indented by ``indent`` spaces), for a dataclass
+    that is not ``_ONE_LINE`` and a non-empty mapping or tuple; anything else as ``repr`` gives it."""
+    inner, pad = " " * (indent + 4), " " * indent
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = [(f.name, _pretty(getattr(value, f.name), indent + 4)) for f in dataclasses.fields(value)]
+        if getattr(value, "_ONE_LINE", False):
+            return f"{type(value).__name__}({', '.join(f'{name}={text}' for name, text in parts)})"
+        body = "".join(f"{inner}{name}={text},\n" for name, text in parts)
+        return f"{type(value).__name__}(\n{body}{pad})"
+    if isinstance(value, Mapping) and value:
+        body = "".join(f"{inner}{key!r}: {_pretty(item, indent + 4)},\n" for key, item in value.items())
+        return f"{{\n{body}{pad}}}"
+    if isinstance(value, Mapping):
+        return "{}"
+    if isinstance(value, tuple) and value:
+        body = "".join(f"{inner}{_pretty(item, indent + 4)},\n" for item in value)
+        return f"(\n{body}{pad})"
+    return repr(value)
+
+
+class _PlainData:
+    """What the stats classes share: ``to_dict()`` and a repr with a field a line."""
+
+    _ONE_LINE: ClassVar[bool] = False
+
+    def to_dict(self: DataclassInstance) -> dict[str, Any]:
+        """Every field as JSON's own types (``json.dumps`` takes it): nested stats and mappings as
+        dicts, tuples as lists. ``dataclasses.asdict`` works too (it keeps tuples)."""
+        return {f.name: _json_ready(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def __repr__(self) -> str:
+        return _pretty(self, 0)
+
+
+@dataclass(frozen=True, repr=False)
+class ConnectionStats(_PlainData):
     """What one connection of an endpoint's pool did (a snapshot; see ``EndpointStats.connections``).
 
     Attributes:
@@ -58,9 +107,11 @@ class ConnectionStats:
     state: str = "warm"
     replacements: int = 0
 
+    _ONE_LINE: ClassVar[bool] = True
 
-@dataclass(frozen=True)
-class EndpointStats:
+
+@dataclass(frozen=True, repr=False)
+class EndpointStats(_PlainData):
     """What one endpoint did for a publisher (a snapshot; see ``PublisherStats.endpoints``).
 
     Attributes:
@@ -92,9 +143,13 @@ class EndpointStats:
     connections: tuple[ConnectionStats, ...] = ()
 
 
-@dataclass(frozen=True)
-class PublisherStats:
+@dataclass(frozen=True, repr=False)
+class PublisherStats(_PlainData):
     """A snapshot of what a publisher has done since it was created.
+
+    Plain data: ``to_dict()`` gives it as JSON's own types (for ``json.dumps`` or a log line),
+    ``dataclasses.asdict`` works, and its repr puts a field on each line. The mappings are copies made
+    for this snapshot.
 
     Attributes:
         messages_published: messages whose future resolved with a message ID.

@@ -11,8 +11,10 @@ Which channel is used (:func:`resolve_endpoint`, :func:`create_channel`):
 1. an explicit ``endpoint`` wins (:func:`parse_endpoint`, which the CLI uses too). ``"https://host[:port]"``
    means TLS, ``"http://host:port"`` means plain text; a bare ``"host:port"`` means TLS when the port is
    443 or ``credentials`` were given, plain text otherwise (emulators and local servers listen on other
-   ports); a malformed endpoint is a ``ValueError``;
-2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does;
+   ports); a bare ``"host"`` only for Google's endpoints (``*.googleapis.com``, TLS on 443); a malformed
+   endpoint, or one without a port (``"localhost"``), is a ``ValueError``;
+2. otherwise ``PUBSUB_EMULATOR_HOST``: plain text, no credentials, as every official client does (a
+   ``host`` without ``:port`` is a ``ValueError``);
 3. otherwise the Google Cloud Pub/Sub endpoint over TLS, authenticated with the ``credentials`` given or
    with Application Default Credentials found by google-auth.
 
@@ -160,14 +162,35 @@ def request_metadata(
 
 
 class Transport(Protocol):
-    """Sends one Publish request; the seam between the publisher and the network."""
+    """One connection that sends Publish requests: the seam between the publisher and the network.
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
-        """Publish ``request`` (a raw ``PublishRequest``; its serialized bytes for a transport whose
-        ``sends_bytes`` is true) and return its message IDs.
+    :class:`GrpcTransport` is the real one; :class:`~hedgepub.testing.scripted.ScriptedTransport` answers
+    from a script. The publisher's connection pool (:mod:`hedgepub._transport.pool`) uses every member.
+    """
+
+    #: Whether the connection was ready (connected) when last seen; the pool sends an attempt to a ready
+    #: connection while there is one. A transport that cannot tell leaves it true.
+    ready: bool
+
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
+        """Publish ``request``, a serialized ``PublishRequest`` (as a batch keeps it), and return its
+        message IDs.
 
         Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
         """
+
+    def connected(self) -> bool | None:
+        """Whether the connection is connected now (``None``: cannot tell). A failed call on a connection
+        that is not could not reach the server; one on a connected connection got the server's answer."""
+
+    def keep_connected(self) -> bool:
+        """Connect now if not connected, and update :attr:`ready`. Whether there is a connection to keep:
+        the pool calls this again every :data:`~hedgepub._transport.pool.KEEP_WARM` seconds while any of
+        its transports says so."""
+
+    async def probe(self, timeout: float) -> bool:
+        """Whether the other end answers a tiny call on this connection within ``timeout`` (a silent
+        connection is probed before it is replaced)."""
 
     async def close(self) -> None:
         """Release the connection."""
@@ -204,9 +227,12 @@ def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> Chann
 
     ``"https://host[:port]"`` means TLS (port 443 by default), ``"http://host[:port]"`` plain text (port 80
     by default), and a bare ``"host:port"`` TLS when the port is 443 or ``credentials`` were given, plain
-    text otherwise; a bare ``"host"`` means ``host:443`` over TLS. ``unix:PATH`` is passed to gRPC as
-    is (plain text). Anything else (another scheme, a path, a port that is not a number from 1 to 65535,
-    no host) raises ``ValueError`` naming the accepted forms.
+    text otherwise. A bare ``"host"`` without a port is only taken for Google's own endpoints (a name
+    ending ``.googleapis.com``: ``host:443`` over TLS, as the official client takes them); any other
+    (``"localhost"``, a container's name) raises ``ValueError`` saying that the port is missing, where
+    TLS on 443 would need Google credentials and fail with a credentials error that never names the
+    port. ``unix:PATH`` is passed to gRPC as is (plain text). Anything else (another scheme, a path, a
+    port that is not a number from 1 to 65535, no host) raises ``ValueError`` naming the accepted forms.
     """
     text = endpoint.strip()
     if text.startswith(("unix:", "unix-abstract:")):
@@ -223,8 +249,21 @@ def parse_endpoint(endpoint: str, *, credentials: object | None = None) -> Chann
     if scheme == "http":
         return ChannelTarget(f"{host}:{port or 80}", secure=False)
     if port is None:
+        if not host.lower().endswith(GOOGLE_DOMAIN):
+            raise ValueError(missing_port(f"endpoint {endpoint!r}", host))
         return ChannelTarget(f"{host}:443", secure=True)
     return ChannelTarget(f"{host}:{port}", secure=credentials is not None or port == 443)
+
+
+#: The domain of Google's own endpoints, the only ones a bare host without a port may name.
+GOOGLE_DOMAIN = ".googleapis.com"
+
+
+def missing_port(what: str, host: str, *, tls: bool = True) -> str:
+    """The message for an endpoint without a port (``what`` names it: ``endpoint 'localhost'``), with
+    the ``https://`` form for TLS on 443 when ``tls``."""
+    advice = f"give HOST:PORT ('{host}:8085' for a local server or emulator)"
+    return f"{what} names no port: {advice}" + (f", or https://{host} for TLS on port 443" if tls else "")
 
 
 def _split_host_port(text: str, endpoint: str) -> tuple[str, int | None]:
@@ -269,6 +308,8 @@ def resolve_endpoint(
             except ValueError as error:
                 raise ValueError(f"{EMULATOR_HOST_ENV}: {error}") from None
             return ChannelTarget(parsed.target, parsed.secure, source=EMULATOR_HOST_ENV)
+        if ":" not in emulator:  # gRPC would take port 443 (in plain text), where no emulator listens
+            raise ValueError(missing_port(f"{EMULATOR_HOST_ENV}={emulator!r}", emulator, tls=False))
         return ChannelTarget(emulator, secure=False, source=EMULATOR_HOST_ENV)
     return ChannelTarget(DEFAULT_ENDPOINT, secure=True, source="default")
 
@@ -489,22 +530,15 @@ def create_channel(
     )
 
 
-def _serialize_request(request: Any) -> bytes:
-    """A ``PublishRequest``'s bytes: given as they are, or serialized."""
-    return request if type(request) is bytes else request.SerializeToString()
-
-
-class GrpcTransport:
-    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel with raw protobuf."""
-
-    #: The publisher may hand :meth:`publish` a request's serialized bytes (a batch keeps them so).
-    sends_bytes = True
+class GrpcTransport(Transport):
+    """The real transport: ``Publisher/Publish`` over a ``grpc.aio`` channel, the request's bytes as they
+    are (a batch keeps them serialized)."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self._channel = channel
         self._publish = channel.unary_unary(
             PUBLISH_METHOD,
-            request_serializer=_serialize_request,
+            request_serializer=None,
             response_deserializer=PublishResponsePb.FromString,
         )
         self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
@@ -523,7 +557,7 @@ class GrpcTransport:
         target = resolve_endpoint(endpoint, credentials=credentials)
         return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
         call = self._publish(request, timeout=timeout, metadata=metadata)
         try:
@@ -535,12 +569,13 @@ class GrpcTransport:
             raise map_rpc_error(error) from error
         return list(response.message_ids)
 
-    def keep_connected(self) -> None:
+    def keep_connected(self) -> bool:
         """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
         it is ready (:attr:`ready`). The pool calls this every :data:`~hedgepub._transport.pool.KEEP_WARM`
         seconds: a timer rather than a task waiting on the channel's state, so that nothing of gRPC's is
         left pending while the publisher is idle (a forked child inherits it)."""
         self.ready = self._channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY
+        return True
 
     async def probe(self, timeout: float) -> bool:
         """Whether the other end answers a tiny call (:data:`PROBE_METHOD`) on this connection within

@@ -33,7 +33,7 @@ import enum
 import logging
 import math
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hedgepub._clock import Clock, TimerHandle
 
@@ -160,17 +160,17 @@ class ConnectionPool:
         self._closed = False
         transports = list(self._ready) or [self._new_transport() for _ in range(self.size)]
         self._members = [_Member(index, transport) for index, transport in enumerate(transports)]
-        if any(callable(getattr(member.transport, "keep_connected", None)) for member in self._members):
-            self._keep_warm()
+        self._keep_warm()
 
     def _keep_warm(self) -> None:
-        """Connect every connection that is not (rule 25), now and every :data:`KEEP_WARM` seconds."""
+        """Connect every connection that is not (rule 25), now and every :data:`KEEP_WARM` seconds while a
+        transport has a connection to keep (a scripted one has none, and leaves a virtual clock alone)."""
         self._upkeep = None
         if self._closed:
             return
-        for member in self._members:
-            _keep_connected(member.transport)
-        self._upkeep = self._clock.call_later(KEEP_WARM, self._keep_warm)
+        kept = [member.transport.keep_connected() for member in self._members]
+        if any(kept):
+            self._upkeep = self._clock.call_later(KEEP_WARM, self._keep_warm)
 
     def _new_transport(self) -> Transport:
         assert self._connect is not None
@@ -192,7 +192,7 @@ class ConnectionPool:
         best, best_rank = 0, 99
         for member in members:
             rank = 0 if member.state is ConnectionState.WARM else 2
-            if rank == 0 and not _is_ready(member.transport):
+            if rank == 0 and not member.transport.ready:
                 rank = 1
             if avoid and member.index in avoid:
                 rank += 3
@@ -244,8 +244,7 @@ class ConnectionPool:
 
     def connected(self, member_index: int) -> bool | None:
         """Whether connection ``member_index`` is connected now (None: cannot tell)."""
-        probe = getattr(self._members[member_index].transport, "connected", None)
-        return probe() if callable(probe) else None
+        return self._members[member_index].transport.connected()
 
     # Silence, probes and replacement ---------------------------------------------------------------------
 
@@ -302,15 +301,9 @@ class ConnectionPool:
         clock = self._clock
         while not self._closed and member.state is ConnectionState.SILENT:
             transport, generation = member.transport, member.generation
-            probe = getattr(transport, "probe", None)
-            if not callable(probe):  # a transport that cannot be probed comes back after a pause
-                await clock.sleep(SILENCE_AFTER)
-                if member.state is ConnectionState.SILENT and member.generation == generation:
-                    self._warm(member, clock.now())
-                return
             started = clock.now()
             try:
-                answered = bool(await probe(PROBE_TIMEOUT))
+                answered = await transport.probe(PROBE_TIMEOUT)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a probe that breaks says nothing came back
@@ -340,7 +333,8 @@ class ConnectionPool:
         member.last_answer = -math.inf
         member.next_replacement = now + member.replacement_pause
         member.replacement_pause = min(member.replacement_pause * 2, MAX_REPLACEMENT_PAUSE)
-        _keep_connected(member.transport)
+        if member.transport.keep_connected() and self._upkeep is None:
+            self._upkeep = self._clock.call_later(KEEP_WARM, self._keep_warm)
         _LOGGER.warning(
             "hedgepub: connection %d to %s gave no answer for %.1f s; replaced by a new connection (the "
             "attempts on the old one are retried)",
@@ -387,17 +381,6 @@ class ConnectionPool:
     def __repr__(self) -> str:
         states = ", ".join(member.state.value for member in self._members) or "not opened"
         return f"ConnectionPool({self.description or 'ready-made'}, size={self.size}: {states})"
-
-
-def _is_ready(transport: Any) -> bool:
-    ready = getattr(transport, "ready", True)
-    return bool(ready() if callable(ready) else ready)
-
-
-def _keep_connected(transport: Any) -> None:
-    keep = getattr(transport, "keep_connected", None)
-    if callable(keep):
-        keep()
 
 
 def check_channel_pool_size(value: object) -> int:

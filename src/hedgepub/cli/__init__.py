@@ -1,4 +1,4 @@
-"""The ``hedgepub`` command line: ``serve``, ``bench`` and a small Pub/Sub toolbox.
+"""The ``hedgepub`` command line: ``serve``, ``proxy``, ``bench`` and a small Pub/Sub toolbox.
 
 Each command lives in its own module and is registered here, so that starting one command does not
 import the code of the others (``hedgepub serve`` should start in well under a second).
@@ -24,6 +24,7 @@ from hedgepub.cli._exit import EXIT_MISSING_EXTRA, exit_codes_help
 # command name -> "module:attribute" of the click command, imported only when the command runs.
 _COMMANDS: dict[str, str] = {
     "serve": "hedgepub.cli._serve:serve",
+    "proxy": "hedgepub.cli._proxy:proxy",
     "bench": "hedgepub.cli._bench:bench",
     "advise": "hedgepub.cli._advise:advise_command",
     "topics": "hedgepub.cli._admin:topics",

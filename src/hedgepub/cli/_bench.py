@@ -83,6 +83,18 @@ _check_stall = _checked_by("StallWindows")
 _check_mix = _checked_by("LatencyMix")
 
 
+def _checked_endpoint(_context: click.Context, _parameter: click.Parameter, value: str | None) -> str | None:
+    """``--endpoint`` as given, once the publisher's parser takes it (a usage error, exit 2, if not)."""
+    from hedgepub._transport.grpc import parse_endpoint
+
+    if value is not None:
+        try:
+            parse_endpoint(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+    return value
+
+
 @click.command(
     short_help="Compare publish tail latency without and with hedging.",
     epilog=exit_codes_help(
@@ -207,6 +219,7 @@ _check_mix = _checked_by("LatencyMix")
     "--endpoint",
     metavar="ENDPOINT",
     default=None,
+    callback=_checked_endpoint,
     help="Bench a running service instead of the bench's own server (needs --topic): HOST:PORT, "
     "http://HOST:PORT or https://HOST[:PORT]  [default: PUBSUB_EMULATOR_HOST, else Google Cloud "
     "Pub/Sub with Application Default Credentials over TLS]",

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +13,7 @@ import click
 
 from hedgepub._wire import EMULATOR_HOST_ENV
 from hedgepub.cli._exit import EXIT_FAILED, EXIT_OK, EXIT_USAGE, exit_codes_help
+from hedgepub.cli._signals import stop_on_signals
 
 if TYPE_CHECKING:
     from hedgepub.server import AsyncLocalServer, IamConfig, ServerOptions
@@ -284,23 +282,13 @@ async def _run(
     """Serve on this loop until SIGINT or SIGTERM; a second signal during shutdown ends the process."""
     from hedgepub.server import serve as run_server
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = stop_on_signals()
     servers: list[AsyncLocalServer] = []
 
     def started(server: AsyncLocalServer) -> None:
         servers.append(server)  # kept to read its dedup counts once it stops
         announce(server)
 
-    def request_stop(signum: signal.Signals) -> None:
-        if stop.is_set():
-            os._exit(128 + signum)
-        click.echo("shutting down", err=True)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # no loop signal handlers on Windows
-            loop.add_signal_handler(signum, request_stop, signum)
     await run_server(options, on_started=started, stop=stop, grace=1.0)
     for server in servers:
         if server.hedge_dedup is not None and report is not None:

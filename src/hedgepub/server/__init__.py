@@ -42,9 +42,10 @@ Layers, each a subpackage, calls going down only:
   in :mod:`._pubsub.leases`), IAM policies to :mod:`._pubsub.policies`, snapshots and Seek to
   :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in :mod:`._pubsub.schema_formats`),
   and push delivery to :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
-- :mod:`._store`: storage behind the :class:`Store` protocol: in memory (:mod:`._store.memory`) or SQLite
-  (:mod:`._store.sqlite`, its file's layout in :mod:`._store.sqlite_schema`, written by the group-commit
-  thread of :mod:`._store.group_commit`), in a data directory (:mod:`._store.datadir`).
+- :mod:`._store`: storage behind the :class:`Store` protocol (:mod:`._store.protocol`), which both stores
+  subclass: in memory (:mod:`._store.memory`) or SQLite (:mod:`._store.sqlite`, its file's layout in
+  :mod:`._store.sqlite_schema`, written by the group-commit thread of :mod:`._store.group_commit`), in a
+  data directory (:mod:`._store.datadir`).
 - :mod:`._iam`: who may call what (:data:`~._iam.iam.RPC_PERMISSIONS`, one entry per RPC of the table).
 
 :mod:`._local` wires them together (each part gets what it needs in its constructor) and
@@ -70,7 +71,8 @@ from hedgepub.server._options import ServerOptions
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.limits import ServiceError
 from hedgepub.server._store.datadir import DataDirError
-from hedgepub.server._store.memory import MemoryStore, Snapshot, Store, StoredMessage
+from hedgepub.server._store.memory import MemoryStore
+from hedgepub.server._store.protocol import Snapshot, Store, StoredMessage
 
 __all__ = [
     "AllowAll",

@@ -40,7 +40,8 @@ from hedgepub.server._store.datadir import (
     open_data_dir,
     push_key_path,
 )
-from hedgepub.server._store.memory import MemoryStore, Store
+from hedgepub.server._store.memory import MemoryStore
+from hedgepub.server._store.protocol import Store
 
 #: gRPC message size limits, above the service's own 10 MB limits so that those checks answer.
 MAX_GRPC_MESSAGE_BYTES = 20 * 1024 * 1024

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from hedgepub._service_thread import ServiceThread
 from hedgepub.server._api.client_telemetry import HedgeTelemetry
 from hedgepub.server._faults.injector import FaultInjector
 from hedgepub.server._iam.iam import Authorizer, IamConfig
@@ -21,7 +20,7 @@ from hedgepub.server._options import ServerOptions
 from hedgepub.server._pubsub.core import PubSubCore
 from hedgepub.server._pubsub.delivery import DEFAULT_WINDOW
 from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
-from hedgepub.server._store.memory import StoredMessage
+from hedgepub.server._store.protocol import StoredMessage
 
 __all__ = ["LocalServer"]
 
@@ -80,9 +79,7 @@ class LocalServer:
                 buckets_dir=buckets_dir,
             )
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Event | None = None
+        self._runner = ServiceThread("hedgepub-server", self._server.start, self._server.stop)
 
     @property
     def address(self) -> str:
@@ -134,64 +131,28 @@ class LocalServer:
     @property
     def running(self) -> bool:
         """Whether the server thread is serving."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._runner.running
 
     def start(self) -> LocalServer:
         """Start serving on a new thread; returns once the port is open (raises if it cannot open)."""
-        if self._thread is not None:
+        if self._runner.started:
             raise RuntimeError("this LocalServer has already been started")
         if not self._server.options.in_memory and self._server.data_dir is None:
             self._temporary = tempfile.mkdtemp(prefix="hedgepub-server-")
             self._server.data_dir = self._temporary
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        async def main() -> None:
-            self._stopped = asyncio.Event()
-            try:
-                await self._server.start()
-            except BaseException as error:
-                failure.append(error)
-                ready.set()
-                return
-            ready.set()
-            await self._stopped.wait()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                loop.run_until_complete(main())
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="hedgepub-server", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
+        try:
+            self._runner.start()
+        except BaseException:
             self._cleanup()
-            raise failure[0]
+            raise
         return self
 
     def stop(self, grace: float | None = None) -> None:
         """Stop serving (calls in flight get ``grace`` seconds) and wait for the thread to end."""
-        thread, loop = self._thread, self._loop
-        if thread is None or loop is None or not thread.is_alive():
+        try:
+            self._runner.stop(grace)
+        finally:
             self._cleanup()
-            return
-
-        async def shutdown() -> None:
-            try:
-                await self._server.stop(grace)
-            finally:
-                assert self._stopped is not None
-                self._stopped.set()
-
-        with contextlib.suppress(RuntimeError):  # the loop may already be closing
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result()
-        thread.join()
-        self._cleanup()
 
     def _cleanup(self) -> None:
         if self._temporary is not None:
@@ -199,10 +160,9 @@ class LocalServer:
             self._temporary = None
 
     def _call(self, coroutine_function: Callable[[], Any], timeout: float | None = None) -> Any:
-        loop = self._loop
-        if loop is None or not self.running:
+        if not self.running:
             raise RuntimeError("the server is not running")
-        return asyncio.run_coroutine_threadsafe(coroutine_function(), loop).result(timeout)
+        return self._runner.call(coroutine_function, timeout)
 
     def _core(self) -> PubSubCore:
         core = self._server.core

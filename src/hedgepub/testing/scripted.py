@@ -14,13 +14,14 @@ from typing import Any
 
 from hedgepub._exceptions import RpcError
 from hedgepub._status import StatusCode
-from hedgepub._transport.grpc import Metadata
+from hedgepub._transport.grpc import Metadata, PublishRequestPb, Transport
 
 
 @dataclass
 class ScriptedCall:
     """One Publish the scripted transport received: what was sent and how it ended."""
 
+    #: The ``PublishRequest`` sent, parsed from the bytes the transport was given.
     request: Any
     metadata: dict[str, str]
     timeout: float
@@ -31,7 +32,7 @@ class ScriptedCall:
 ScriptStep = Callable[[ScriptedCall], Awaitable[Sequence[str]]]
 
 
-class ScriptedTransport:
+class ScriptedTransport(Transport):
     """A transport that answers from a script instead of the network, for unit tests.
 
     Each call takes the next step of ``script`` (or ``default`` when the script is empty): an async
@@ -51,6 +52,9 @@ class ScriptedTransport:
         self.probe_delay: float | None = 0.0
         #: The times (on the running loop's clock) probes were sent.
         self.probes: list[float] = []
+        #: Whether the connection counts as ready (a test sets it false, as a gRPC channel still
+        #: connecting is); the pool prefers a ready connection.
+        self.ready = True
 
     def next_ids(self, count: int) -> list[str]:
         """``count`` fresh message IDs."""
@@ -78,9 +82,11 @@ class ScriptedTransport:
 
         return step
 
-    async def publish(self, request: Any, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
         """Run the next step of the script, bounded by ``timeout`` like a real RPC."""
-        call = ScriptedCall(request=request, metadata=dict(metadata), timeout=timeout)
+        call = ScriptedCall(
+            request=PublishRequestPb.FromString(request), metadata=dict(metadata), timeout=timeout
+        )
         self.calls.append(call)
         step = self.script.popleft() if self.script else self.default
         try:
@@ -96,6 +102,14 @@ class ScriptedTransport:
             raise
         call.outcome = "ok"
         return list(ids)
+
+    def connected(self) -> bool | None:
+        """A scripted connection cannot tell."""
+        return None
+
+    def keep_connected(self) -> bool:
+        """No connection to keep: the pool runs no upkeep timer for it (a virtual clock stays still)."""
+        return False
 
     async def probe(self, timeout: float) -> bool:
         """Answer a probe after :attr:`probe_delay` seconds, if that is within ``timeout``."""

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+import tracemalloc
 from collections import Counter
 
 import grpc
 import grpc.aio
+import pytest
 
 from hedgepub import BatchSettings, HedgingSettings, PublisherClient
 from hedgepub.bench import AdminClient
 from hedgepub.server import FaultRule, LocalServer, StallWindows
+from hedgepub.server._pubsub.hedge_dedup import HedgeBatchWindow
 
 from ..._pb import PublishRequest, PubsubMessage
 from ..conftest import aio_stub
@@ -115,3 +118,72 @@ def test_a_failed_attempt_is_not_remembered() -> None:
         # ... so a later attempt of that batch is stored.
         [message_id] = asyncio.run(_publish(server.address, "batch-y", b"early"))
         assert [message.message_id for message in server.messages(TOPIC)] == [message_id]
+
+
+def test_a_long_batch_id_costs_what_a_short_one_costs() -> None:
+    long_id = "b" * 7000  # a client's 7 KB hedgepub-batch-id, within gRPC's 8 KB metadata limit
+    with LocalServer(in_memory=True, dedup_hedges=True) as server:
+        with AdminClient(server.address) as admin:
+            admin.create_topic(TOPIC)
+        first = asyncio.run(_publish(server.address, long_id, b"a"))
+        assert asyncio.run(_publish(server.address, long_id, b"a")) == first  # still deduplicated
+        assert asyncio.run(_publish(server.address, long_id[:-1], b"a")) != first  # another id: stored
+        counts = server.hedge_dedup.counts  # type: ignore[union-attr]
+    assert (counts.stored, counts.answered_from_window, counts.batches) == (2, 1, 2)
+    assert counts.remembered_bytes < 1000  # the id itself is not kept
+
+
+def _remember(window: HedgeBatchWindow, batches: int, id_length: int) -> tuple[int, int]:
+    """Commit ``batches`` one-message batches with ids of ``id_length`` characters; the bytes this held
+    (``tracemalloc``) and how many times ``publish`` ran."""
+    published = bytearray(batches)  # allocated before tracing starts
+
+    async def scenario() -> None:
+        for number in range(batches):
+
+            async def publish(number: int = number) -> list[str]:
+                published[number] = 1
+                return [str(1_000_000 + number)]
+
+            await window.publish_once(TOPIC, f"{number}-".ljust(id_length, "x"), (1, 10), publish)
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        asyncio.run(scenario())
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return held, sum(published)
+
+
+def test_the_window_holds_a_few_hundred_bytes_per_batch_whatever_the_id_length() -> None:
+    held, _ = _remember(HedgeBatchWindow(), 2000, 7000)
+    assert held / 2000 < 1000, held  # it was 7,965 B a batch: the 7 KB id was kept
+
+
+def test_the_window_is_bounded_in_bytes_oldest_forgotten_first() -> None:
+    window = HedgeBatchWindow(max_bytes=100_000)
+    held, published = _remember(window, 2000, 200)
+    counts = window.counts
+    assert 0 < counts.remembered_bytes <= 100_000
+    assert held <= 100_000 * 1.2, held  # what it is charged is what it holds
+    assert counts.batches < 2000 and published == 2000
+    # The newest batch is still answered from the window; the oldest was forgotten and is stored again.
+    assert (_remember_one(window, 1999), _remember_one(window, 0)) == (False, True)
+
+
+def _remember_one(window: HedgeBatchWindow, number: int) -> bool:
+    ran: list[bool] = []
+
+    async def publish() -> list[str]:
+        ran.append(True)
+        return ["x"]
+
+    asyncio.run(window.publish_once(TOPIC, f"{number}-".ljust(200, "x"), (1, 10), publish))
+    return bool(ran)
+
+
+def test_the_window_refuses_a_byte_bound_smaller_than_one_batch() -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        HedgeBatchWindow(max_bytes=10)

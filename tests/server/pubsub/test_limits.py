@@ -115,6 +115,43 @@ def test_publish_limits(ready: Any) -> None:
     )
 
 
+def test_publish_checks_every_message_of_a_request_of_plain_ones(ready: Any) -> None:
+    """Requests of data-only messages skip the per-message checks; one other message among them is still
+    checked, whatever its place and however its bytes are written."""
+    plain = [PubsubMessage(data=b"x" * 100)] * 99
+    for odd, words in [
+        (PubsubMessage(ordering_key="k"), "is empty"),
+        (PubsubMessage(message_id="1"), "is empty"),
+        (PubsubMessage(data=b"x", attributes={"GOOG-key": "v"}), "must not start with 'goog'"),
+        (PubsubMessage(data=b"x", ordering_key="o" * 1025), "ordering_key_size"),
+    ]:
+        for messages in ([odd, *plain], [*plain, odd]):
+            error = ready.error("Publish", PublishRequest(topic=TOPIC, messages=messages))
+            assert error.code() == INVALID, words
+            assert words in error.details(), words
+    stub = ready.channel.unary_unary(
+        "/google.pubsub.v1.Publisher/Publish",
+        request_serializer=lambda b: b,
+        response_deserializer=types.PublishResponse.pb().FromString,
+    )
+    request = PublishRequest(topic=TOPIC, messages=plain).SerializeToString()
+    # Written by hand: a message whose data is present but empty, one with only a field no version of
+    # PubsubMessage has (number 111), each after 99 plain ones.
+    for odd in (b"\x12\x02\x0a\x00", b"\x12\x03\xf8\x06\x01"):
+        with pytest.raises(grpc.RpcError) as caught:
+            stub(request + odd, timeout=10)
+        assert caught.value.code() == INVALID
+        assert "is empty" in caught.value.details()
+    # Data beside an unknown field is a message with data.
+    answer = stub(request + b"\x12\x06\x0a\x01y\xf8\x06\x01", timeout=10)
+    assert len(answer.message_ids) == 100
+    received: list[bytes] = []
+    while len(received) < 100:
+        pulled = ready.call("Pull", PullRequest(subscription=SUBSCRIPTION, max_messages=1000))
+        received += [message.message.data for message in pulled.received_messages]
+    assert sorted(received) == [b"x" * 100] * 99 + [b"y"]
+
+
 def test_ack_deadline_limits(ready: Any) -> None:
     for seconds in (5, 601):
         error = ready.error(

@@ -37,7 +37,7 @@ from hedgepub.server._pubsub.leases import (
 from hedgepub.server._pubsub.limits import ServiceError, invalid
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
-from hedgepub.server._store.memory import Store
+from hedgepub.server._store.protocol import Store
 
 logger = logging.getLogger("hedgepub.server")
 

@@ -38,7 +38,7 @@ from hedgepub.server._pubsub.push import PushDispatcher
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
 from hedgepub.server._pubsub.transforms import Transforms
-from hedgepub.server._store.memory import Snapshot, Store, StoredMessage
+from hedgepub.server._store.protocol import Snapshot, Store, StoredMessage
 
 logger = logging.getLogger("hedgepub.server")
 

@@ -15,7 +15,7 @@ from google.iam.v1 import policy_pb2
 
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub.limits import ServiceError
-from hedgepub.server._store.memory import Store
+from hedgepub.server._store.protocol import Store
 
 __all__ = ["IamPolicies"]
 

@@ -20,7 +20,7 @@ from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
 from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.batch import Batch
-from hedgepub.server._store.memory import Store
+from hedgepub.server._store.protocol import Store
 
 __all__ = ["Publishing"]
 
@@ -85,7 +85,7 @@ class Publishing:
         if topic_name not in self._topics:
             # Raises INVALID_ARGUMENT or NOT_FOUND.
             resources.existing(self._topics, limits.check_topic_name(topic_name))
-        resources.check_publish(messages, request_bytes)
+        resources.check_publish(messages, request_bytes, request)
         topic = self._topics[topic_name]
         kept: Any = messages
         filtered: list[int] = []

@@ -1,7 +1,7 @@
 """Replay: retention, snapshots and Seek, as references and timestamps on the store (never copies).
 
 Every message is stored once; what keeps it alive is a reference from a *holder* (see
-:mod:`hedgepub.server._store.memory`). Besides subscriptions, replay uses three kinds of holder:
+:mod:`hedgepub.server._store.protocol`). Besides subscriptions, replay uses three kinds of holder:
 
 - ``{subscription}#acked``: with ``retain_acked_messages``, the messages the subscription acknowledged,
   kept for its ``message_retention_duration`` so that a Seek can make them unacknowledged again;
@@ -35,7 +35,7 @@ from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
 from hedgepub.server._pubsub.limits import ServiceError, invalid
-from hedgepub.server._store.memory import Store
+from hedgepub.server._store.protocol import Store
 
 Snapshot: Any = pubsub_types.Snapshot.pb()
 

@@ -19,6 +19,7 @@ from hedgepub.server._pubsub.export_config import check_exports
 from hedgepub.server._pubsub.filters import compile_filter
 from hedgepub.server._pubsub.limits import check_message, invalid, not_found
 from hedgepub.server._pubsub.oidc import valid_service_account_email
+from hedgepub.server._pubsub.plain_publish import plain
 from hedgepub.server._pubsub.transforms import check_transforms
 
 Topic: Any = pubsub_types.Topic.pb()
@@ -166,8 +167,10 @@ def check_push_config(push_config: Any) -> None:
         )
 
 
-def check_publish(messages: Any, request_bytes: int) -> None:
-    """A Publish request's messages: count, total size and each message."""
+def check_publish(messages: Any, request_bytes: int, request: Any = None) -> None:
+    """A Publish request's messages: count, total size and each message (``request``: the
+    ``PublishRequest`` whose ``messages`` these are, if any: when its messages carry data alone, which
+    :func:`~.plain_publish.plain` tells in C, no message needs a look of its own)."""
     count = len(messages)
     if count == 0:
         raise invalid("The request contains no messages; a Publish request must contain at least one.")
@@ -175,6 +178,11 @@ def check_publish(messages: Any, request_bytes: int) -> None:
         raise limits.too_large("message_count", count, limits.MAX_MESSAGES_PER_PUBLISH)
     if request_bytes > limits.MAX_PUBLISH_REQUEST_BYTES:
         raise limits.too_large("request_size", request_bytes, limits.MAX_PUBLISH_REQUEST_BYTES)
+    if request is not None:
+        data_only, size = plain(request)
+        # Data alone, not empty, and no longer than the request: check_message has nothing to refuse.
+        if data_only and size <= limits.MAX_MESSAGE_DATA_BYTES:
+            return
     for message in messages:
         check_message(message)
 

@@ -1,4 +1,4 @@
-"""The durable :class:`~hedgepub.server._store.memory.Store`: SQLite in WAL mode, written by one thread.
+"""The durable :class:`~hedgepub.server._store.protocol.Store`: SQLite in WAL mode, written by one thread.
 
 Every write is queued to a dedicated writer thread, which takes *everything* queued at that moment and
 commits it in one transaction (group commit): many concurrent Publish calls cost one commit, and the
@@ -19,7 +19,7 @@ from typing import Any
 
 from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
-from hedgepub.server._store.memory import HOLDING_KINDS, ResourceKind, Snapshot, resource_class
+from hedgepub.server._store.protocol import HOLDING_KINDS, ResourceKind, Snapshot, Store, resource_class
 from hedgepub.server._store.sqlite_schema import (
     EXTEND_OFFSETS,
     HIGHEST,
@@ -41,8 +41,8 @@ from hedgepub.server._store.sqlite_schema import (
 _HOLDING = "SELECT first FROM batches WHERE first <= {} ORDER BY first DESC LIMIT 1"
 
 
-class SqliteStore:
-    """A :class:`~hedgepub.server._store.memory.Store` in one SQLite file (WAL), with group commit.
+class SqliteStore(Store):
+    """A :class:`~hedgepub.server._store.protocol.Store` in one SQLite file (WAL), with group commit.
 
     A Publish request's messages are one batch: a row of ``batches`` (sequences, topic, publish time, live
     references) and one of ``bodies`` (the request serialized once); appending does no Python work per

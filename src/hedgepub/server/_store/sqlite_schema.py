@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hedgepub.server._store.batch import PublishRequest
-from hedgepub.server._store.memory import PubsubMessage
+from hedgepub.server._store.protocol import PubsubMessage
 
 __all__ = [
     "EXTEND_OFFSETS",
