@@ -137,18 +137,26 @@ class Consumers:
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = self._wall_clock_ns() / 1e9 - retention
-        out, expired = state.take(consumer, max_messages, oldest_kept)
-        if expired:
-            self._spawn(self._store.ack(state.name, expired))
-        if out and config.message_transforms and not all(t.disabled for t in config.message_transforms):
-            out = await self._transformed(state, config, out)
-        return out
+        while True:
+            out, expired = state.take(consumer, max_messages, oldest_kept)
+            if expired:
+                self._spawn(self._store.ack(state.name, expired))
+            if not out or not config.message_transforms or all(t.disabled for t in config.message_transforms):
+                return out
+            out, gave_back = await self._transformed(state, config, out)
+            if out or not gave_back:
+                return out
+            # Nothing to hand out, but messages went back ready (their worker stopped on an earlier one):
+            # take them again now rather than wait for a change that already happened.
 
-    async def _transformed(self, state: SubscriptionState, config: Any, out: list[Any]) -> list[Any]:
+    async def _transformed(
+        self, state: SubscriptionState, config: Any, out: list[Any]
+    ) -> tuple[list[Any], bool]:
         """The leased messages ``out`` after the subscription's transforms. One they fail on is a delivery
         attempt that ended unacknowledged (:meth:`~.SubscriptionState.transform_failed`), one they filter
         out is acknowledged; those not run (the request's CPU budget spent, a worker stopped) and those
-        past the response's size go back uncounted (:meth:`~.SubscriptionState.give_back`)."""
+        past the response's size go back uncounted (:meth:`~.SubscriptionState.give_back`). Returns the
+        messages to hand out, and whether any went back."""
         results = await self._transforms.apply(
             state.name, config.message_transforms, [r.message for r in out]
         )
@@ -181,7 +189,7 @@ class Consumers:
             state.give_back(back)
         if filtered:
             self._spawn(self._store.ack(state.name, filtered))
-        return [received for received in kept if received.ack_id in state.leases]
+        return [received for received in kept if received.ack_id in state.leases], bool(back)
 
     def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
         # Read from the store but never to be delivered (a filter refused them before a crash let the
