@@ -43,7 +43,7 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock, TimerHandle
-from hedgepub._exceptions import OrderingKeyPausedError, PublishError, ShutdownTimeoutError
+from hedgepub._exceptions import OrderingKeyPausedError, PublishError
 from hedgepub._hedging.budget import HedgingBudget
 from hedgepub._publisher.batch import Batch, BatchState
 from hedgepub._publisher.bulk import CoreBulk
@@ -527,10 +527,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         try:
             outcome = await self._sender.send(batch, counts)
         except asyncio.CancelledError:
-            now = self.clock.now()
-            error = ShutdownTimeoutError(
-                f"shutdown(timeout) ended before the message was published: its {batch.describe(now)}"
-            )
+            error = self.cut_off_error(batch, sent=True)
             try:
                 self._observer.batch_finished(batch, counts.cut_off(error, self.clock.now()), None)
             finally:

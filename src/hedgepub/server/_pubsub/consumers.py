@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hedgepub._clock import Clock
@@ -35,6 +35,8 @@ from hedgepub.server._pubsub.leases import (
     well_formed_ack_id,
 )
 from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.publishing import Publishing
+from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.protocol import Store
@@ -47,9 +49,9 @@ __all__ = ["Consumers"]
 class Consumers:
     """Leases, acknowledgements and dead-letter forwarding on the core's subscriptions.
 
-    ``subscriptions`` and ``topics`` are the core's tables (read here, changed by the core);
-    ``append`` stores already accepted messages on a topic (dead-letter copies); ``spawn`` runs background
-    work the core waits for on close; ``may_forward(subscription, topic)`` says whether the service may
+    It looks subscriptions and topics up in ``registry`` (changed by the catalog); ``publishing`` stores
+    the dead-letter copies, as messages already accepted; ``background`` runs the work nobody awaits (the
+    core ends it on close); ``may_forward(subscription, topic)`` says whether the service may
     forward to a dead-letter topic (IAM enforcement; ``None`` allows every forwarding). It is also the host
     of the push workers (:class:`~.push.PushHost`).
     """
@@ -59,13 +61,12 @@ class Consumers:
         store: Store,
         clock: Clock,
         wall_clock_ns: Callable[[], int],
-        subscriptions: Mapping[str, SubscriptionState],
-        topics: Mapping[str, Any],
+        registry: Registry,
+        background: Background,
         *,
         expiration: ExpirationWatch,
         replay: Replay,
-        append: Callable[[str, list[Any]], Awaitable[list[str]]],
-        spawn: Callable[[Any], None],
+        publishing: Publishing,
         may_forward: Callable[[str, str], bool] | None = None,
         transforms: Transforms | None = None,
     ) -> None:
@@ -73,12 +74,12 @@ class Consumers:
         self._transforms = transforms if transforms is not None else Transforms()
         self._clock = clock
         self._wall_clock_ns = wall_clock_ns
-        self._subscriptions = subscriptions
-        self._topics = topics
+        self._registry = registry
+        self._subscriptions: Mapping[str, SubscriptionState] = registry.subscriptions
         self._expiration = expiration
         self._replay = replay
-        self._append = append
-        self._spawn = spawn
+        self._publishing = publishing
+        self._spawn = background.spawn
         self._may_forward = may_forward
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: The lease timers of every subscription.
@@ -88,7 +89,7 @@ class Consumers:
         self._attempts_writes: set[asyncio.Task[None]] = set()
 
     def _subscription(self, name: str) -> SubscriptionState:
-        return resources.existing(self._subscriptions, limits.check_subscription_name(name))
+        return self._registry.subscription(name)
 
     def _deliverable(self, name: str) -> SubscriptionState:
         """A subscription Pull and StreamingPull may take from: attached, and not push."""
@@ -241,11 +242,11 @@ class Consumers:
         """
         forwarded = False
         try:
-            if topic in self._topics and not self._forwarding_refused(state.name, topic):
+            if topic in self._registry.topics and not self._forwarding_refused(state.name, topic):
                 # (the real service keeps the message when the topic is missing, or may not be published to)
                 # Not through publish(): the copy is the service's own, and the attributes it gains may take
                 # a message that was at the 100-attribute limit past it; that must not drop the message.
-                await self._append(topic, [dead_letter_copy(state.name, pending)])
+                await self._publishing.append(topic, [dead_letter_copy(state.name, pending)])
                 await self._store.ack(state.name, [pending.sequence])
                 forwarded = True
         except Exception:

@@ -16,6 +16,7 @@ from typing import Any
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
 from hedgepub.server._pubsub.delivery import SubscriptionState
+from hedgepub.server._pubsub.registry import Registry
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
 from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
@@ -50,15 +51,14 @@ def _transformed(results: list[Any]) -> tuple[list[Any], list[int]]:
 
 
 class Publishing:
-    """Publish and the appending of accepted messages, on the core's ``topics`` and ``attached`` tables
-    (topic -> its attached subscriptions' delivery states), both read here and changed by the core."""
+    """Publish and the appending of accepted messages to the subscriptions the registry attaches to their
+    topic (the registry's tables are read here, changed by the catalog)."""
 
     def __init__(
         self,
         store: Store,
         wall_clock_ns: Callable[[], int],
-        topics: Mapping[str, Any],
-        attached: Mapping[str, Mapping[str, SubscriptionState]],
+        registry: Registry,
         *,
         schemas: SchemaRegistry,
         replay: Replay,
@@ -67,8 +67,9 @@ class Publishing:
         self._store = store
         self._transforms = transforms
         self._wall_clock_ns = wall_clock_ns
-        self._topics = topics
-        self._attached = attached
+        # The registry's tables themselves (changed in place, never replaced): read on every Publish.
+        self._topics: Mapping[str, Any] = registry.topics
+        self._attached: Mapping[str, Mapping[str, SubscriptionState]] = registry.attached
         self._schemas = schemas
         self._replay = replay
         #: The sequence number (and message ID) of the next message stored, on any topic.

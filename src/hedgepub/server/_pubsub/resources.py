@@ -1,6 +1,6 @@
 """Topics and subscriptions as resources: names, field validation, update masks and list pages.
 
-Pure functions over protobuf objects, in the real service's words; :class:`~.core.PubSubCore`
+Pure functions over protobuf objects, in the real service's words; :class:`~.catalog.Catalog`
 calls them before it writes anything to the store.
 """
 
