@@ -406,6 +406,19 @@ class Consumers:
             raise limits.ack_id_failures(failures)
         return failures if state.config.enable_exactly_once_delivery else None
 
+    async def acknowledge_released(self, state: SubscriptionState, sequences: Sequence[int]) -> None:
+        """Acknowledge in the store messages ``state`` already let go of in memory (a Cloud Storage
+        subscription's file, now durable). NOT_FOUND when that subscription is gone (or is another one of
+        the same name now)."""
+        subscription = state.name
+        if self._subscriptions.get(subscription) is not state or state.deleted:
+            raise limits.not_found(subscription)
+        recorded = self._expiration.touch(subscription)
+        await self._replay.acknowledged(state.config, list(sequences))
+        await self._store.ack(subscription, sequences)
+        if recorded is not None:
+            await recorded
+
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once
         delivery, ack IDs without a valid lease fail as in :meth:`acknowledge`."""
