@@ -16,17 +16,28 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from hedgepub._clock import Clock
-from hedgepub._exceptions import PublishError, ShutdownTimeoutError
+from hedgepub._exceptions import PublishError, RpcError, ShutdownTimeoutError
 from hedgepub._publisher.batch import Batch, BatchState
 from hedgepub._publisher.flow_control import FlowController
 from hedgepub._publisher.futures import BatchCondition, resolve_batch
 from hedgepub._publisher.routes import EndpointRoutes
 from hedgepub._publisher.sequencer import OrderingSequencer
+from hedgepub._status import StatusCode
 
 if TYPE_CHECKING:
     from hedgepub._publisher.telemetry import PublisherTelemetry
 
-__all__ = ["ClientState", "CoreClosing"]
+__all__ = ["UNREACHABLE_CLOSE_TIMEOUT", "ClientState", "CoreClosing"]
+
+#: The longest ``shutdown()`` (a ``with`` block's end, ``stop()``) waits for messages to an endpoint that
+#: no attempt ever reached and whose latest attempts could not connect (a closed port, a wrong address):
+#: seconds from the start of the shutdown; then they fail with UNAVAILABLE instead of being retried for
+#: the total timeout (ten minutes by default). An endpoint that answered once may be restarting: its
+#: messages get the whole flush, as before.
+UNREACHABLE_CLOSE_TIMEOUT = 5.0
+#: While nothing reached the endpoint yet but no attempt failed to connect either (the first is still
+#: connecting), how often a shutdown past the bound looks again.
+_RECHECK = 0.25
 
 
 class ClientState(enum.Enum):
@@ -60,6 +71,8 @@ class CoreClosing:
     _sending: set[Batch]
     _send_queue: deque[Batch]
     _shutdown_task: asyncio.Future[None] | None
+    #: Why the shutdown gave up on its messages while their endpoint was never reached (None: it did not).
+    _gave_up: str | None = None
 
     if TYPE_CHECKING:
 
@@ -113,7 +126,9 @@ class CoreClosing:
         await asyncio.shield(self._shutdown_task)
 
     async def _shutdown(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else self.clock.now() + max(0.0, timeout)
+        started = self.clock.now()
+        deadline = None if timeout is None else started + max(0.0, timeout)
+        bound = started + UNREACHABLE_CLOSE_TIMEOUT
         with self._lock:
             self.state = ClientState.CLOSING
         while self._opening:  # threads opening a batch of their own: a few microseconds each
@@ -125,7 +140,17 @@ class CoreClosing:
         self._drain()
         try:
             while self._tasks:
-                remaining = None if deadline is None else deadline - self.clock.now()
+                now = self.clock.now()
+                remaining = None if deadline is None else deadline - now
+                if not self.routes.ever_reached:
+                    if now >= bound and self.routes.primary_unreachable:
+                        self._gave_up = (
+                            f"never reached {self.routes.recorder(0).description}: shutdown gave up after "
+                            f"{UNREACHABLE_CLOSE_TIMEOUT:g} s"
+                        )
+                        break
+                    left = bound - now if now < bound else _RECHECK
+                    remaining = left if remaining is None else min(remaining, left)
                 if remaining is not None and remaining <= 0:
                     break
                 await asyncio.wait(set(self._tasks), timeout=remaining)
@@ -134,9 +159,9 @@ class CoreClosing:
                 # attempts the engine cancels on the wire.
                 waiting, self._send_queue = list(self._send_queue), deque()
                 for batch in waiting:
-                    self._fail(batch, self._not_sent(batch))
+                    self._fail(batch, self.cut_off_error(batch, sent=False))
                 for batch in self._sequencer.take_waiting():
-                    self._fail(batch, self._not_sent(batch))
+                    self._fail(batch, self.cut_off_error(batch, sent=False))
                 tasks = list(self._tasks)
                 for task in tasks:
                     task.cancel()
@@ -147,7 +172,12 @@ class CoreClosing:
                 self.telemetry.close()
             await self.routes.close()
 
-    def _not_sent(self, batch: Batch) -> ShutdownTimeoutError:
-        return ShutdownTimeoutError(
-            f"shutdown(timeout) ended before the message was sent: its {batch.describe(self.clock.now())}"
-        )
+    def cut_off_error(self, batch: Batch, *, sent: bool) -> PublishError:
+        """The error of a message the shutdown ended before it was published (``sent``: its batch had
+        attempts out): UNAVAILABLE when it gave up on an endpoint never reached, else
+        :class:`~hedgepub.ShutdownTimeoutError`."""
+        what = f"its {batch.describe(self.clock.now())}"
+        if self._gave_up is not None:
+            return RpcError(StatusCode.UNAVAILABLE, f"{self._gave_up}; {what}")
+        done = "published" if sent else "sent"
+        return ShutdownTimeoutError(f"shutdown(timeout) ended before the message was {done}: {what}")

@@ -53,6 +53,7 @@ class _EndpointRecorder:
         "attempts_in_flight",
         "attempts_sent",
         "description",
+        "ever_reached",
         "failures_unreachable",
         "hedges_sent",
         "last_error",
@@ -75,6 +76,8 @@ class _EndpointRecorder:
         #: clock time of the first failure of the current unreachable spell; None while reachable
         self.unreachable_since: float | None = None
         self.failures_unreachable = 0
+        #: whether any attempt ever reached it (answered, or failed on a connected connection)
+        self.ever_reached = False
 
     def sent(self, attempts: int, hedges: int) -> None:
         with self._lock:
@@ -128,6 +131,7 @@ class _EndpointRecorder:
 
     def _reached(self, now: float | None) -> tuple[float, int] | None:
         """The endpoint answered: end an unreachable spell, returning (its length, its failures)."""
+        self.ever_reached = True
         if self.unreachable_since is None:
             return None
         spell = 0.0 if now is None else max(0.0, now - self.unreachable_since)
@@ -280,6 +284,13 @@ class EndpointRoutes:
     def recorder(self, index: int) -> _EndpointRecorder:
         """Endpoint ``index``'s counters."""
         return self._recorders[index]
+
+    @property
+    def ever_reached(self) -> bool:
+        """Whether an attempt ever reached an endpoint (answered, or failed on a connected connection);
+        while none has and the primary cannot be reached (a closed port, a wrong address), ``shutdown()``
+        waits for the messages only so long (``closing.UNREACHABLE_CLOSE_TIMEOUT``)."""
+        return any(recorder.ever_reached for recorder in self._recorders)
 
     @property
     def primary_unreachable(self) -> bool:

@@ -34,14 +34,18 @@ Layers, each a subpackage, calls going down only:
 - :mod:`._front`: the one public port, telling gRPC from HTTP/1.1 (:mod:`._front.front`, the ClientHello
   of TLS in :mod:`._front.client_hello`) and relaying gRPC (:mod:`._front.relaying`) on the event loop or
   in a relay process (:mod:`._front.relay`).
-- :mod:`._faults`: the fault injector, an interceptor around the faces (rules, delays, counts, units).
-- :mod:`._pubsub`: the service. :class:`~._pubsub.core.PubSubCore` is the coordinator the faces call:
-  topics and subscriptions (checks in :mod:`._pubsub.resources`, :mod:`._pubsub.limits`); it hands
-  Publish to :mod:`._pubsub.publishing`, pulls, leases, acks and dead letters to
-  :mod:`._pubsub.consumers` (each subscription's state machine in :mod:`._pubsub.delivery`, lease timers
-  in :mod:`._pubsub.leases`), IAM policies to :mod:`._pubsub.policies`, snapshots and Seek to
-  :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in :mod:`._pubsub.schema_formats`),
-  and push delivery to :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
+- :mod:`._faults`: the fault injector, an interceptor around the faces (rules, delays, counts, units),
+  after the load shedder of :mod:`._api.shedding`.
+- :mod:`._pubsub`: the service. :class:`~._pubsub.core.PubSubCore` is its composition root: it builds the
+  parts, each given the parts it depends on, and the faces call the part that owns an RPC: topics,
+  subscriptions and IAM policy RPCs to :mod:`._pubsub.catalog` (the one part that changes the registry of
+  topics, subscriptions and attachments, :mod:`._pubsub.registry`; checks in :mod:`._pubsub.resources`,
+  :mod:`._pubsub.limits`), Publish to :mod:`._pubsub.publishing`, pulls, leases, acks and dead letters
+  to :mod:`._pubsub.consumers` (each subscription's state machine in :mod:`._pubsub.delivery`, its
+  ordering keys' lines in :mod:`._pubsub.key_lines`, lease timers in :mod:`._pubsub.leases`), snapshots
+  and Seek to :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in
+  :mod:`._pubsub.schema_formats`); IAM policies are kept by :mod:`._pubsub.policies`, push delivery is
+  :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
 - :mod:`._store`: storage behind the :class:`Store` protocol (:mod:`._store.protocol`), which both stores
   subclass: in memory (:mod:`._store.memory`) or SQLite (:mod:`._store.sqlite`, its file's layout in
   :mod:`._store.sqlite_schema`, written by the group-commit thread of :mod:`._store.group_commit`), in a

@@ -279,7 +279,7 @@ class AsyncLocalServer:
         server.add_generic_rpc_handlers(
             generic_handlers(PubSubServicer(core, authorizer, self.hedge_dedup, self.hedge_telemetry))
         )
-        # With REST on, gRPC listens privately and the front owns the public port (see _front.py).
+        # With REST on, gRPC listens privately and the front owns the public port (see _front/front.py).
         private = _PrivateAddress.choose()
         where = f"{self.host}:{self.options.port}" if front is None else private.grpc_address
         # Under TLS the relayed connections are still encrypted, so the private face speaks TLS too; the
@@ -298,7 +298,7 @@ class AsyncLocalServer:
         await server.start()
         if front is not None:
             private = private.bound(port)
-            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS, authorizer)
+            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS, authorizer, core.transforms)
             http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http

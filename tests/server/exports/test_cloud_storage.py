@@ -154,7 +154,7 @@ def test_a_file_is_closed_after_max_duration_and_transforms_apply(
         }
     )
     # The service allows 1 minute at least; the test shortens the stored duration to a second.
-    server._core()._subscriptions[SUBSCRIPTION].config.cloud_storage_config.max_duration.seconds = 1
+    server._core().registry.subscriptions[SUBSCRIPTION].config.cloud_storage_config.max_duration.seconds = 1
     publish_all(publisher, [b"first", b"second"])
     assert wait_until(lambda: len(files(buckets / "slow")) == 1, timeout=20)
     (path,) = files(buckets / "slow")

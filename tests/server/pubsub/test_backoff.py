@@ -59,15 +59,15 @@ def test_the_delay_stays_within_the_policy_and_never_shrinks(
 async def make_core(**subscription: Any) -> PubSubCore:
     core = PubSubCore(MemoryStore())
     core.load()
-    await core.create_topic(Topic(name=TOPIC))
-    await core.create_topic(Topic(name=DEAD_LETTERS))
-    await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
+    await core.catalog.create_topic(Topic(name=TOPIC))
+    await core.catalog.create_topic(Topic(name=DEAD_LETTERS))
+    await core.catalog.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
     return core
 
 
 async def publish(core: PubSubCore, *data: bytes, key: str = "") -> None:
     messages = [PubsubMessage(data=item, ordering_key=key) for item in data]
-    await core.publish(TOPIC, messages, sum(m.ByteSize() for m in messages))
+    await core.publishing.publish(TOPIC, messages, sum(m.ByteSize() for m in messages))
 
 
 def now() -> float:
@@ -75,9 +75,9 @@ def now() -> float:
 
 
 async def next_delivery(core: PubSubCore) -> tuple[float, Any]:
-    consumer = core.open_consumer(SUBSCRIPTION, 10.0)
-    (received,) = await core.next_batch(SUBSCRIPTION, consumer)
-    core.close_consumer(SUBSCRIPTION, consumer)
+    consumer = core.consumers.open_consumer(SUBSCRIPTION, 10.0)
+    (received,) = await core.consumers.next_batch(SUBSCRIPTION, consumer)
+    core.consumers.close_consumer(SUBSCRIPTION, consumer)
     return now(), received
 
 
@@ -89,7 +89,7 @@ def test_nacked_messages_come_back_after_the_back_off() -> None:
         for _ in range(5):
             at, received = await next_delivery(core)
             times.append(round(at, 3))
-            core.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
+            core.consumers.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
         # Deliveries at 0, then after 5, 10, 12 (capped) and 12 s.
         assert times == [0.0, 5.0, 15.0, 27.0, 39.0]
 
@@ -100,7 +100,7 @@ def test_an_expired_lease_backs_off_too() -> None:
     async def scenario() -> None:
         core = await make_core(retry_policy=policy(30, 600), ack_deadline_seconds=10)
         await publish(core, b"one")
-        await core.pull(SUBSCRIPTION, 1, 0)
+        await core.consumers.pull(SUBSCRIPTION, 1, 0)
         at, received = await next_delivery(core)
         # The lease ran out at 10 s; the message waited 30 s more.
         assert 40.0 <= at < 40.1
@@ -113,9 +113,9 @@ def test_without_a_retry_policy_a_nack_redelivers_at_once() -> None:
     async def scenario() -> None:
         core = await make_core()
         await publish(core, b"one")
-        (received,) = await core.pull(SUBSCRIPTION, 1, 0)
-        core.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
-        assert [r.message.data for r in await core.pull(SUBSCRIPTION, 1, 0)] == [b"one"]
+        (received,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        core.consumers.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
+        assert [r.message.data for r in await core.consumers.pull(SUBSCRIPTION, 1, 0)] == [b"one"]
 
     run_virtual(scenario())
 
@@ -124,12 +124,12 @@ def test_other_messages_are_delivered_while_one_backs_off() -> None:
     async def scenario() -> None:
         core = await make_core(retry_policy=policy(60, 600))
         await publish(core, b"one", b"two")
-        (first,) = await core.pull(SUBSCRIPTION, 1, 0)
-        core.modify_ack_deadline(SUBSCRIPTION, [first.ack_id], 0)
-        (second,) = await core.pull(SUBSCRIPTION, 1, 0)
+        (first,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        core.consumers.modify_ack_deadline(SUBSCRIPTION, [first.ack_id], 0)
+        (second,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         assert second.message.data == b"two"
         assert not core.is_idle()  # the backing-off message still counts
-        await core.acknowledge(SUBSCRIPTION, [second.ack_id])
+        await core.consumers.acknowledge(SUBSCRIPTION, [second.ack_id])
         at, again = await next_delivery(core)
         assert (round(at), again.message.data) == (60, b"one")
 
@@ -140,14 +140,14 @@ def test_an_ordering_key_waits_for_its_backing_off_head() -> None:
     async def scenario() -> None:
         core = await make_core(retry_policy=policy(20, 600), enable_message_ordering=True)
         await publish(core, b"k1", b"k2", key="k")
-        first, second = await core.pull(SUBSCRIPTION, 10, 0)
+        first, second = await core.consumers.pull(SUBSCRIPTION, 10, 0)
         assert (first.message.data, second.message.data) == (b"k1", b"k2")
         # The nack of k1 takes k2 back with it: the key delivers nothing until k1's back-off ends, then
         # k1 and k2 again, in order.
-        core.modify_ack_deadline(SUBSCRIPTION, [first.ack_id], 0)
-        assert await core.pull(SUBSCRIPTION, 10, 0) == []
-        consumer = core.open_consumer(SUBSCRIPTION, 10.0)
-        again = await core.next_batch(SUBSCRIPTION, consumer)
+        core.consumers.modify_ack_deadline(SUBSCRIPTION, [first.ack_id], 0)
+        assert await core.consumers.pull(SUBSCRIPTION, 10, 0) == []
+        consumer = core.consumers.open_consumer(SUBSCRIPTION, 10.0)
+        again = await core.consumers.next_batch(SUBSCRIPTION, consumer)
         assert (round(now()), [r.message.data for r in again]) == (20, [b"k1", b"k2"])
         assert [r.delivery_attempt for r in again] == [0, 0]  # no dead-letter policy: not counted
 
@@ -158,12 +158,14 @@ def test_dead_lettering_is_not_delayed_by_the_back_off() -> None:
     async def scenario() -> None:
         dead_letter = types.DeadLetterPolicy.pb()(dead_letter_topic=DEAD_LETTERS, max_delivery_attempts=5)
         core = await make_core(retry_policy=policy(1, 1), dead_letter_policy=dead_letter)
-        await core.create_subscription(Subscription(name="projects/p/subscriptions/dead", topic=DEAD_LETTERS))
+        await core.catalog.create_subscription(
+            Subscription(name="projects/p/subscriptions/dead", topic=DEAD_LETTERS)
+        )
         await publish(core, b"one")
         for _ in range(5):
             _, received = await next_delivery(core)
-            core.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
-        forwarded = await core.pull("projects/p/subscriptions/dead", 1, 5.0)
+            core.consumers.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
+        forwarded = await core.consumers.pull("projects/p/subscriptions/dead", 1, 5.0)
         assert [r.message.data for r in forwarded] == [b"one"]
         # Four back-offs of 1 s between the five deliveries; the fifth nack forwards at once.
         assert round(now(), 3) == 4.0
@@ -175,9 +177,9 @@ def test_deleting_a_subscription_drops_its_backing_off_messages() -> None:
     async def scenario() -> None:
         core = await make_core(retry_policy=policy(60, 600))
         await publish(core, b"one")
-        (received,) = await core.pull(SUBSCRIPTION, 1, 0)
-        core.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
-        await core.delete_subscription(SUBSCRIPTION)
+        (received,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        core.consumers.modify_ack_deadline(SUBSCRIPTION, [received.ack_id], 0)
+        await core.catalog.delete_subscription(SUBSCRIPTION)
         assert core.is_idle()
         await asyncio.sleep(120)  # the cancelled timer must not resurrect anything
         assert core.is_idle()

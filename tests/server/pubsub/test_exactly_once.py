@@ -39,11 +39,11 @@ SUBSCRIPTION = f"{PROJECT}/subscriptions/payments-once"
 async def make_core(**subscription: Any) -> PubSubCore:
     core = PubSubCore(MemoryStore())
     core.load()
-    await core.create_topic(Topic(name=TOPIC))
-    await core.create_subscription(
+    await core.catalog.create_topic(Topic(name=TOPIC))
+    await core.catalog.create_subscription(
         Subscription(name=SUBSCRIPTION, topic=TOPIC, enable_exactly_once_delivery=True, **subscription)
     )
-    await core.publish(TOPIC, [PubsubMessage(data=b"pay")], 10)
+    await core.publishing.publish(TOPIC, [PubsubMessage(data=b"pay")], 10)
     return core
 
 
@@ -58,29 +58,29 @@ def failures(error: ServiceError) -> dict[str, str]:
 def test_an_ack_after_the_lease_expired_fails_and_a_valid_one_succeeds() -> None:
     async def scenario() -> None:
         core = await make_core(ack_deadline_seconds=30)
-        (first,) = await core.pull(SUBSCRIPTION, 1, 0)
+        (first,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         await asyncio.sleep(31)  # the lease ran out: the message is ready again
-        (second,) = await core.pull(SUBSCRIPTION, 1, 0)
+        (second,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         assert second.message.message_id == first.message.message_id
         with pytest.raises(ServiceError) as caught:
-            await core.acknowledge(SUBSCRIPTION, [first.ack_id])
+            await core.consumers.acknowledge(SUBSCRIPTION, [first.ack_id])
         assert failures(caught.value) == {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
         with pytest.raises(ServiceError) as caught:
-            core.modify_ack_deadline(SUBSCRIPTION, [first.ack_id, "garbage"], 60)
+            core.consumers.modify_ack_deadline(SUBSCRIPTION, [first.ack_id, "garbage"], 60)
         assert failures(caught.value) == {
             first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID",
             "garbage": "PERMANENT_FAILURE_INVALID_ACK_ID",
         }
         # StreamingPull judges the same and gets the failures back, for its confirmations.
         expired = {first.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
-        assert core.modify_each(SUBSCRIPTION, [first.ack_id, second.ack_id], [60, 60]) == expired
-        assert await core.acknowledge(SUBSCRIPTION, [first.ack_id], report=False) == expired
-        await core.acknowledge(SUBSCRIPTION, [second.ack_id])
+        assert core.consumers.modify_each(SUBSCRIPTION, [first.ack_id, second.ack_id], [60, 60]) == expired
+        assert await core.consumers.acknowledge(SUBSCRIPTION, [first.ack_id], report=False) == expired
+        await core.consumers.acknowledge(SUBSCRIPTION, [second.ack_id])
         assert core.is_idle()
         # Acknowledged once: a second ack of the same ID fails too, nothing is delivered again.
         with pytest.raises(ServiceError):
-            await core.acknowledge(SUBSCRIPTION, [second.ack_id])
-        assert await core.pull(SUBSCRIPTION, 1, 0) == []
+            await core.consumers.acknowledge(SUBSCRIPTION, [second.ack_id])
+        assert await core.consumers.pull(SUBSCRIPTION, 1, 0) == []
 
     run_virtual(scenario())
 
@@ -88,12 +88,12 @@ def test_an_ack_after_the_lease_expired_fails_and_a_valid_one_succeeds() -> None
 def test_a_valid_lease_is_never_redelivered_while_extended() -> None:
     async def scenario() -> None:
         core = await make_core(ack_deadline_seconds=10)
-        (held,) = await core.pull(SUBSCRIPTION, 1, 0)
+        (held,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         for _ in range(10):
             await asyncio.sleep(9)
-            core.modify_ack_deadline(SUBSCRIPTION, [held.ack_id], 10)
-            assert await core.pull(SUBSCRIPTION, 1, 0) == []
-        await core.acknowledge(SUBSCRIPTION, [held.ack_id])
+            core.consumers.modify_ack_deadline(SUBSCRIPTION, [held.ack_id], 10)
+            assert await core.consumers.pull(SUBSCRIPTION, 1, 0) == []
+        await core.consumers.acknowledge(SUBSCRIPTION, [held.ack_id])
         assert core.is_idle()
 
     run_virtual(scenario())
@@ -102,10 +102,10 @@ def test_a_valid_lease_is_never_redelivered_while_extended() -> None:
 def test_a_mixed_request_acknowledges_the_valid_ids_and_reports_the_others() -> None:
     async def scenario() -> None:
         core = await make_core()
-        (held,) = await core.pull(SUBSCRIPTION, 1, 0)
+        (held,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         unknown = held.ack_id.split("-")[0] + "-999999"
         with pytest.raises(ServiceError) as caught:
-            await core.acknowledge(SUBSCRIPTION, [held.ack_id, unknown])
+            await core.consumers.acknowledge(SUBSCRIPTION, [held.ack_id, unknown])
         assert failures(caught.value) == {unknown: "PERMANENT_FAILURE_INVALID_ACK_ID"}
         assert core.is_idle()
 
@@ -116,14 +116,14 @@ def test_leases_are_recorded_until_acknowledged_and_a_seek_ends_them() -> None:
     async def scenario() -> None:
         core = await make_core()
         store = core._store
-        await core.publish(TOPIC, [PubsubMessage(data=b"second")], 10)
-        first, second = await core.pull(SUBSCRIPTION, 2, 0)
+        await core.publishing.publish(TOPIC, [PubsubMessage(data=b"second")], 10)
+        first, second = await core.consumers.pull(SUBSCRIPTION, 2, 0)
         assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [first.ack_id, second.ack_id]
-        await core.acknowledge(SUBSCRIPTION, [first.ack_id])
+        await core.consumers.acknowledge(SUBSCRIPTION, [first.ack_id])
         assert [ack_id for _, ack_id, _ in store.leases(SUBSCRIPTION)] == [second.ack_id]
-        await core.seek(SUBSCRIPTION, 0, None)
+        await core.replay.seek(SUBSCRIPTION, 0, None)
         assert store.leases(SUBSCRIPTION) == []
-        (again,) = await core.pull(SUBSCRIPTION, 2, 0)
+        (again,) = await core.consumers.pull(SUBSCRIPTION, 2, 0)
         assert again.message.data == b"second"
 
     run_virtual(scenario())
@@ -133,13 +133,13 @@ def test_without_exactly_once_unknown_ack_ids_are_ignored() -> None:
     async def scenario() -> None:
         core = PubSubCore(MemoryStore())
         core.load()
-        await core.create_topic(Topic(name=TOPIC))
-        await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC))
-        await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"])
-        core.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-5"], 30)
+        await core.catalog.create_topic(Topic(name=TOPIC))
+        await core.catalog.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC))
+        await core.consumers.acknowledge(SUBSCRIPTION, ["abcdef01-5"])
+        core.consumers.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-5"], 30)
         # Nor is any confirmation due on a stream (None: not even an empty one).
-        assert await core.acknowledge(SUBSCRIPTION, ["abcdef01-5"], report=False) is None
-        assert core.modify_each(SUBSCRIPTION, ["abcdef01-5"], [30]) is None
+        assert await core.consumers.acknowledge(SUBSCRIPTION, ["abcdef01-5"], report=False) is None
+        assert core.consumers.modify_each(SUBSCRIPTION, ["abcdef01-5"], [30]) is None
 
     run_virtual(scenario())
 

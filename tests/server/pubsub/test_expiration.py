@@ -25,11 +25,11 @@ DAY = 24 * 3600.0
 async def make_core(policy: Any | None) -> PubSubCore:
     core = PubSubCore(MemoryStore())
     core.load()
-    await core.create_topic(Topic(name=TOPIC))
+    await core.catalog.create_topic(Topic(name=TOPIC))
     subscription = Subscription(name=SUBSCRIPTION, topic=TOPIC)
     if policy is not None:
         subscription.expiration_policy.CopyFrom(policy)
-    await core.create_subscription(subscription)
+    await core.catalog.create_subscription(subscription)
     return core
 
 
@@ -39,7 +39,7 @@ def ttl(days: float) -> Any:
 
 def exists(core: PubSubCore) -> bool:
     try:
-        core.get_subscription(SUBSCRIPTION)
+        core.catalog.get_subscription(SUBSCRIPTION)
     except ServiceError:
         return False
     return True
@@ -56,7 +56,7 @@ def test_an_inactive_subscription_is_deleted_after_its_ttl() -> None:
         assert exists(core)
         await sleep_until(DAY + 1)
         assert not exists(core)
-        assert core.list_topic_subscriptions(TOPIC, 0, "")[0] == []
+        assert core.catalog.list_topic_subscriptions(TOPIC, 0, "")[0] == []
 
     run_virtual(scenario())
 
@@ -85,14 +85,14 @@ def test_a_policy_without_ttl_never_expires() -> None:
 def test_activity_restarts_the_ttl(activity: str) -> None:
     async def scenario() -> None:
         core = await make_core(ttl(1))
-        await core.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
+        await core.publishing.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
         await sleep_until(DAY - 100)
         if activity == "pull":
-            await core.pull(SUBSCRIPTION, 1, 0)
+            await core.consumers.pull(SUBSCRIPTION, 1, 0)
         elif activity == "ack":
-            await core.acknowledge(SUBSCRIPTION, ["abcdef01-1"])
+            await core.consumers.acknowledge(SUBSCRIPTION, ["abcdef01-1"])
         else:
-            core.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-1"], 30)
+            core.consumers.modify_ack_deadline(SUBSCRIPTION, ["abcdef01-1"], 30)
         await sleep_until(2 * DAY - 200)
         assert exists(core)
         await sleep_until(2 * DAY)
@@ -104,11 +104,11 @@ def test_activity_restarts_the_ttl(activity: str) -> None:
 def test_an_open_stream_keeps_the_subscription_and_its_close_restarts_the_ttl() -> None:
     async def scenario() -> None:
         core = await make_core(ttl(1))
-        consumer = core.open_consumer(SUBSCRIPTION, 10.0)
+        consumer = core.consumers.open_consumer(SUBSCRIPTION, 10.0)
         await sleep_until(5 * DAY)
         assert exists(core)
-        core.close_consumer(SUBSCRIPTION, consumer)
-        core.close_consumer(SUBSCRIPTION, consumer)  # the service closes a stream from two places
+        core.consumers.close_consumer(SUBSCRIPTION, consumer)
+        core.consumers.close_consumer(SUBSCRIPTION, consumer)  # the service closes a stream from two places
         await sleep_until(6 * DAY - 10)
         assert exists(core)
         await sleep_until(6 * DAY + 10)
@@ -122,7 +122,7 @@ def test_an_update_can_turn_expiration_off() -> None:
         core = await make_core(ttl(1))
         await sleep_until(DAY / 2)
         update = Subscription(name=SUBSCRIPTION, expiration_policy=ExpirationPolicy())
-        await core.update_subscription(update, ["expiration_policy"])
+        await core.catalog.update_subscription(update, ["expiration_policy"])
         await sleep_until(60 * DAY)
         assert exists(core)
 
@@ -133,8 +133,10 @@ def test_a_deleted_and_recreated_subscription_starts_a_new_ttl() -> None:
     async def scenario() -> None:
         core = await make_core(ttl(1))
         await sleep_until(DAY / 2)
-        await core.delete_subscription(SUBSCRIPTION)
-        await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, expiration_policy=ttl(1)))
+        await core.catalog.delete_subscription(SUBSCRIPTION)
+        await core.catalog.create_subscription(
+            Subscription(name=SUBSCRIPTION, topic=TOPIC, expiration_policy=ttl(1))
+        )
         await sleep_until(DAY + 10)
         assert exists(core)
         await sleep_until(1.5 * DAY + 10)
@@ -164,19 +166,21 @@ def test_activity_is_recorded_before_the_answer_that_depends_on_it(call: str) ->
         store = _SlowActivityStore()
         core = PubSubCore(store)
         core.load()
-        await core.create_topic(Topic(name=TOPIC))
-        await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, expiration_policy=ttl(1)))
+        await core.catalog.create_topic(Topic(name=TOPIC))
+        await core.catalog.create_subscription(
+            Subscription(name=SUBSCRIPTION, topic=TOPIC, expiration_policy=ttl(1))
+        )
         store.written.set()
-        await core.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
-        [received] = await core.pull(SUBSCRIPTION, 1, 0)
+        await core.publishing.publish(TOPIC, [PubsubMessage(data=b"x")], 10)
+        [received] = await core.consumers.pull(SUBSCRIPTION, 1, 0)
         await asyncio.sleep(3600)  # the last record is an hour old: the next activity is recorded
         store.written.clear()
         if call == "pull":
-            answer = asyncio.ensure_future(core.pull(SUBSCRIPTION, 1, 0))
+            answer = asyncio.ensure_future(core.consumers.pull(SUBSCRIPTION, 1, 0))
         elif call == "acknowledge":
-            answer = asyncio.ensure_future(core.acknowledge(SUBSCRIPTION, [received.ack_id]))
+            answer = asyncio.ensure_future(core.consumers.acknowledge(SUBSCRIPTION, [received.ack_id]))
         else:
-            answer = asyncio.ensure_future(core.seek(SUBSCRIPTION, 0, None))
+            answer = asyncio.ensure_future(core.replay.seek(SUBSCRIPTION, 0, None))
         await asyncio.sleep(1)
         assert not answer.done(), "answered before its activity was recorded"
         store.written.set()

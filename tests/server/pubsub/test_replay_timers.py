@@ -41,14 +41,14 @@ def make_store() -> Any:
 async def make_core(store: Any, topic: dict[str, Any] | None = None, **subscription: Any) -> PubSubCore:
     core = PubSubCore(store, wall_clock_ns=wall_ns)
     core.load()
-    await core.create_topic(Topic(name=TOPIC, **(topic or {})))
-    await core.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
+    await core.catalog.create_topic(Topic(name=TOPIC, **(topic or {})))
+    await core.catalog.create_subscription(Subscription(name=SUBSCRIPTION, topic=TOPIC, **subscription))
     return core
 
 
 async def publish(core: PubSubCore, *data: bytes) -> None:
     messages = [PubsubMessage(data=item) for item in data]
-    await core.publish(TOPIC, messages, sum(m.ByteSize() for m in messages))
+    await core.publishing.publish(TOPIC, messages, sum(m.ByteSize() for m in messages))
 
 
 def stored(core: PubSubCore) -> list[bytes]:
@@ -66,7 +66,9 @@ def test_a_snapshot_lives_7_days_less_the_age_of_its_oldest_message(make_store: 
         assert snapshot.expire_time.ToNanoseconds() == EPOCH_NS + 7 * DAY * 1_000_000_000
         await asyncio.sleep(4 * DAY - 3601)  # 7 days less 1 h 1 s after the publish
         await core.replay.create_snapshot(f"{SNAPSHOT}-2", SUBSCRIPTION, {})
-        await core.set_policy(SNAPSHOT, Policy(bindings=[Binding(role="roles/viewer", members=["allUsers"])]))
+        await core.catalog.set_policy(
+            SNAPSHOT, Policy(bindings=[Binding(role="roles/viewer", members=["allUsers"])])
+        )
         await asyncio.sleep(2)
         with pytest.raises(ServiceError) as caught:  # it would expire within the hour: refused
             await core.replay.create_snapshot(f"{SNAPSHOT}-3", SUBSCRIPTION, {})
@@ -78,7 +80,7 @@ def test_a_snapshot_lives_7_days_less_the_age_of_its_oldest_message(make_store: 
         for name in (SNAPSHOT, f"{SNAPSHOT}-2"):
             with pytest.raises(ServiceError, match="resource=events-snap"):
                 core.replay.get_snapshot(name)
-        assert core.stored_policy(SNAPSHOT) is None  # its IAM policy expired with it
+        assert core.policies.stored(SNAPSHOT) is None  # its IAM policy expired with it
         await core.close()
 
     run_virtual(scenario())
@@ -91,8 +93,8 @@ def test_an_empty_subscription_s_snapshot_lives_7_days(make_store: Any) -> None:
         assert snapshot.expire_time.ToNanoseconds() == EPOCH_NS + 7 * DAY * 1_000_000_000
         # It keeps what is published after it, even once the subscription acknowledged it.
         await publish(core, b"later")
-        (received,) = await core.pull(SUBSCRIPTION, 1, 0)
-        await core.acknowledge(SUBSCRIPTION, [received.ack_id])
+        (received,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        await core.consumers.acknowledge(SUBSCRIPTION, [received.ack_id])
         assert stored(core) == [b"later"]
         await core.replay.delete_snapshot(SNAPSHOT)
         assert stored(core) == []
@@ -110,13 +112,13 @@ def test_retention_drops_what_nothing_keeps(make_store: Any) -> None:
             retain_acked_messages=True,
         )
         await publish(core, b"one")
-        (received,) = await core.pull(SUBSCRIPTION, 1, 0)
-        await core.acknowledge(SUBSCRIPTION, [received.ack_id])
+        (received,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        await core.consumers.acknowledge(SUBSCRIPTION, [received.ack_id])
         await publish(core, b"unread")
         # Kept by the subscription's retained acknowledgements and backlog (1 h), and the topic (1 day).
         await asyncio.sleep(3600 + PRUNE_INTERVAL_SECONDS)
         assert stored(core) == [b"one", b"unread"]
-        assert await core.pull(SUBSCRIPTION, 10, 0) == []  # past the subscription's retention
+        assert await core.consumers.pull(SUBSCRIPTION, 10, 0) == []  # past the subscription's retention
         await asyncio.sleep(DAY)
         assert stored(core) == []
         await core.close()
@@ -132,13 +134,13 @@ def test_retained_acknowledged_messages_go_after_the_subscription_retention(make
             retain_acked_messages=True,
         )
         await publish(core, b"one")
-        (received,) = await core.pull(SUBSCRIPTION, 1, 0)
-        await core.acknowledge(SUBSCRIPTION, [received.ack_id])
+        (received,) = await core.consumers.pull(SUBSCRIPTION, 1, 0)
+        await core.consumers.acknowledge(SUBSCRIPTION, [received.ack_id])
         assert stored(core) == [b"one"]
         await asyncio.sleep(600 + PRUNE_INTERVAL_SECONDS + 1)
         assert stored(core) == []
-        await core.seek(SUBSCRIPTION, 0, None)
-        assert await core.pull(SUBSCRIPTION, 10, 0) == []
+        await core.replay.seek(SUBSCRIPTION, 0, None)
+        assert await core.consumers.pull(SUBSCRIPTION, 10, 0) == []
         await core.close()
 
     run_virtual(scenario())

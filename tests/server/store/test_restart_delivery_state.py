@@ -178,7 +178,7 @@ class Server:
 
     def exists(self, name: str) -> bool:
         try:
-            self.core.get_subscription(name)
+            self.core.catalog.get_subscription(name)
         except ServiceError:
             return False
         return True
@@ -220,12 +220,12 @@ async def test_the_inactivity_clock_goes_on_after_a_restart(
         return SqliteStore(tmp_path / "expiring.sqlite3") if kind == "sqlite" else memory
 
     first = Server(open_store(), ManualClock(), lambda time: time, caplog)
-    await first.core.create_topic(Topic(name=TOPIC))
+    await first.core.catalog.create_topic(Topic(name=TOPIC))
     for name in (IDLE, PULLED, STREAMED):
-        await first.core.create_subscription(_with_ttl(name, 1))
-    first.core.open_consumer(STREAMED, 10.0)  # never closed: the server goes down with it open
+        await first.core.catalog.create_subscription(_with_ttl(name, 1))
+    first.core.consumers.open_consumer(STREAMED, 10.0)  # never closed: the server goes down with it open
     first.clock.advance_to(0.5 * DAY)
-    await first.core.pull(PULLED, 1, 0)
+    await first.core.consumers.pull(PULLED, 1, 0)
     first.clock.advance_to(0.75 * DAY)
     await first.core.close()
 
@@ -253,8 +253,8 @@ async def test_a_data_directory_without_recorded_activity_starts_the_clock_at_lo
 ) -> None:
     path = tmp_path / "earlier.sqlite3"
     first = Server(SqliteStore(path), ManualClock(), lambda time: time, caplog)
-    await first.core.create_topic(Topic(name=TOPIC))
-    await first.core.create_subscription(_with_ttl(IDLE, 1))
+    await first.core.catalog.create_topic(Topic(name=TOPIC))
+    await first.core.catalog.create_subscription(_with_ttl(IDLE, 1))
     await first.core.close()
     with sqlite3.connect(path) as earlier:  # as written by a hedgepub without the table
         earlier.execute("DROP TABLE activity")

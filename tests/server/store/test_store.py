@@ -246,3 +246,26 @@ async def test_sqlite_failed_write_fails_only_its_caller(tmp_path: Path) -> None
         assert [m.data for _, m in store.messages(TOPIC)] == [b"m", b"fine"]
     finally:
         await store.close()
+
+
+async def test_sqlite_append_that_fails_leaves_nothing_of_it(tmp_path: Path) -> None:
+    """A Publish to one subscription is one statement committed alone: when its last part (the references)
+    fails, its batch and body are not kept either, and the store goes on."""
+    path = tmp_path / "atomic.sqlite3"
+    store = SqliteStore(path)
+    try:
+        await subscribe(store, SUBSCRIPTIONS[0])
+        await append(store, TOPIC, [message(5, b"five")], SUBSCRIPTIONS[:1])
+        # Sequences 3 to 5: a new batch and body, then a reference to 5 that exists already.
+        overlapping = [message(3, b"three"), message(4, b"four"), message(5, b"again")]
+        with pytest.raises(Exception, match="UNIQUE"):
+            await append(store, TOPIC, overlapping, SUBSCRIPTIONS[:1])
+        await append(store, TOPIC, [message(6, b"six")], SUBSCRIPTIONS[:1])
+    finally:
+        await store.close()
+    store = SqliteStore(path)
+    try:
+        assert [(sequence, m.data) for sequence, m in store.messages(TOPIC)] == [(5, b"five"), (6, b"six")]
+        assert backlog(store, SUBSCRIPTIONS[0]) == [5, 6]
+    finally:
+        await store.close()

@@ -1,7 +1,8 @@
 """The gRPC face of the server: thin handlers for ``google.pubsub.v1`` and ``google.iam.v1``.
 
 :class:`PubSubServicer` has one coroutine per RPC of the table in :mod:`hedgepub.server._methods`, named
-as the method; each calls the core. :mod:`.dispatch` serves them: it parses each request, asks
+as the method; each calls the part of the core that owns the RPC (:mod:`hedgepub.server._pubsub.core`
+builds them). :mod:`.dispatch` serves them: it parses each request, asks
 :meth:`PubSubServicer.authorize` for the RPC's permission and turns a
 :class:`~hedgepub.server._pubsub.limits.ServiceError` into a status code.
 """
@@ -69,6 +70,13 @@ class PubSubServicer:
         hedge_telemetry: HedgeTelemetry | None = None,
     ) -> None:
         self.core = core
+        # The parts that own the RPCs (the core is their composition root).
+        self.registry = core.registry
+        self.catalog = core.catalog
+        self.publishing = core.publishing
+        self.consumers = core.consumers
+        self.replay = core.replay
+        self.schemas = core.schemas
         self.authorizer: _iam.Authorizer = authorizer or _iam.AllowAll()
         self._enforcing = not isinstance(self.authorizer, _iam.AllowAll)
         #: ``--dedup-hedges``: attempts of one hedged batch are stored once (off: None).
@@ -94,34 +102,34 @@ class PubSubServicer:
             permission = check.permission
             if check.on_topic:
                 # Checked on the subscription's topic; an unknown subscription leaves the project's policy.
-                resource = self.core.topic_of_subscription(resource) or resource
+                resource = self.registry.topic_of_subscription(resource) or resource
             if method.endswith("IamPolicy"):
                 permission = _iam.resource_permission(resource, permission)
             await self.authorizer.check(metadata, permission, resource)
 
     # ------------------------------------------------------------ Publisher
     async def CreateTopic(self, request: Any, context: Any) -> Any:
-        return await self.core.create_topic(request)
+        return await self.catalog.create_topic(request)
 
     async def GetTopic(self, request: Any, context: Any) -> Any:
-        return self.core.get_topic(request.topic)
+        return self.catalog.get_topic(request.topic)
 
     async def UpdateTopic(self, request: Any, context: Any) -> Any:
-        return await self.core.update_topic(request.topic, list(request.update_mask.paths))
+        return await self.catalog.update_topic(request.topic, list(request.update_mask.paths))
 
     async def ListTopics(self, request: Any, context: Any) -> Any:
-        return _paged(_pb.ListTopicsResponse, "topics", self.core.list_topics, request.project, request)
+        return _paged(_pb.ListTopicsResponse, "topics", self.catalog.list_topics, request.project, request)
 
     async def ListTopicSubscriptions(self, request: Any, context: Any) -> Any:
-        lister = self.core.list_topic_subscriptions
+        lister = self.catalog.list_topic_subscriptions
         return _paged(_pb.ListTopicSubscriptionsResponse, "subscriptions", lister, request.topic, request)
 
     async def DeleteTopic(self, request: Any, context: Any) -> Any:
-        await self.core.delete_topic(request.topic)
+        await self.catalog.delete_topic(request.topic)
         return _Empty()
 
     async def DetachSubscription(self, request: Any, context: Any) -> Any:
-        await self.core.detach_subscription(request.subscription)
+        await self.catalog.detach_subscription(request.subscription)
         return _pb.DetachSubscriptionResponse.pb()()
 
     async def Publish(self, request: Any, context: Any) -> Any:
@@ -139,65 +147,66 @@ class PubSubServicer:
                     request.topic,
                     batch_id,
                     (len(request.messages), size),
-                    lambda: self.core.publish(request.topic, request.messages, size, request),
+                    lambda: self.publishing.publish(request.topic, request.messages, size, request),
                 )
                 return _PublishResponse(message_ids=ids)
-        ids = await self.core.publish(request.topic, request.messages, size, request)
+        ids = await self.publishing.publish(request.topic, request.messages, size, request)
         return _PublishResponse(message_ids=ids)
 
     # ------------------------------------------------------------ Subscriber
     async def CreateSubscription(self, request: Any, context: Any) -> Any:
         if request.HasField("dead_letter_policy"):
             self._check_dead_letter_topic(request.name, request.dead_letter_policy)
-        return await self.core.create_subscription(request)
+        return await self.catalog.create_subscription(request)
 
     def _check_dead_letter_topic(self, subscription: str, policy: Any) -> None:
         """While enforcing: the service must be allowed to publish to the dead-letter topic it would use.
 
-        A topic that is malformed or does not exist is the core's to answer (INVALID_ARGUMENT, NOT_FOUND)."""
+        A topic that is malformed or does not exist is the catalog's to answer (INVALID_ARGUMENT,
+        NOT_FOUND)."""
         if isinstance(self.authorizer, _iam.IamEnforcer) and policy.dead_letter_topic:
             try:
-                self.core.get_topic(policy.dead_letter_topic)
+                self.catalog.get_topic(policy.dead_letter_topic)
             except ServiceError:
                 return
             self.authorizer.check_dead_letter_topic(subscription, policy.dead_letter_topic)
 
     async def GetSubscription(self, request: Any, context: Any) -> Any:
-        return self.core.get_subscription(request.subscription)
+        return self.catalog.get_subscription(request.subscription)
 
     async def UpdateSubscription(self, request: Any, context: Any) -> Any:
         if "dead_letter_policy" in request.update_mask.paths:
             self._check_dead_letter_topic(request.subscription.name, request.subscription.dead_letter_policy)
-        return await self.core.update_subscription(request.subscription, list(request.update_mask.paths))
+        return await self.catalog.update_subscription(request.subscription, list(request.update_mask.paths))
 
     async def ListSubscriptions(self, request: Any, context: Any) -> Any:
-        lister = self.core.list_subscriptions
+        lister = self.catalog.list_subscriptions
         return _paged(_pb.ListSubscriptionsResponse, "subscriptions", lister, request.project, request)
 
     async def DeleteSubscription(self, request: Any, context: Any) -> Any:
-        await self.core.delete_subscription(request.subscription)
+        await self.catalog.delete_subscription(request.subscription)
         return _Empty()
 
-    # Replay: snapshots and Seek (see _replay.py).
+    # Replay: snapshots and Seek (see hedgepub.server._pubsub.replay).
     async def CreateSnapshot(self, request: Any, context: Any) -> Any:
-        return await self.core.replay.create_snapshot(request.name, request.subscription, request.labels)
+        return await self.replay.create_snapshot(request.name, request.subscription, request.labels)
 
     async def GetSnapshot(self, request: Any, context: Any) -> Any:
-        return self.core.replay.get_snapshot(request.snapshot)
+        return self.replay.get_snapshot(request.snapshot)
 
     async def ListSnapshots(self, request: Any, context: Any) -> Any:
-        lister = self.core.replay.list_snapshots
+        lister = self.replay.list_snapshots
         return _paged(_pb.ListSnapshotsResponse, "snapshots", lister, request.project, request)
 
     async def ListTopicSnapshots(self, request: Any, context: Any) -> Any:
-        lister = self.core.replay.list_topic_snapshots
+        lister = self.replay.list_topic_snapshots
         return _paged(_pb.ListTopicSnapshotsResponse, "snapshots", lister, request.topic, request)
 
     async def UpdateSnapshot(self, request: Any, context: Any) -> Any:
-        return await self.core.replay.update_snapshot(request.snapshot, list(request.update_mask.paths))
+        return await self.replay.update_snapshot(request.snapshot, list(request.update_mask.paths))
 
     async def DeleteSnapshot(self, request: Any, context: Any) -> Any:
-        await self.core.replay.delete_snapshot(request.snapshot)
+        await self.replay.delete_snapshot(request.snapshot)
         return _Empty()
 
     async def Seek(self, request: Any, context: Any) -> Any:
@@ -205,13 +214,13 @@ class PubSubServicer:
         if target is None:
             raise invalid("A Seek request must give either a time or a snapshot.")
         if target == "time":
-            await self.core.seek(request.subscription, request.time.ToNanoseconds(), None)
+            await self.replay.seek(request.subscription, request.time.ToNanoseconds(), None)
         else:  # an empty snapshot name is still a snapshot target: refused as an invalid name
-            await self.core.seek(request.subscription, None, request.snapshot)
+            await self.replay.seek(request.subscription, None, request.snapshot)
         return _pb.SeekResponse.pb()()
 
     async def ModifyPushConfig(self, request: Any, context: Any) -> Any:
-        await self.core.modify_push_config(request.subscription, request.push_config)
+        await self.catalog.modify_push_config(request.subscription, request.push_config)
         return _Empty()
 
     async def Pull(self, request: Any, context: Any) -> Any:
@@ -222,23 +231,25 @@ class PubSubServicer:
             if remaining is not None:
                 # Answer (empty) a little before the caller's deadline rather than let it expire.
                 wait = max(0.0, min(wait, remaining - 0.1))
-        received = await self.core.pull(request.subscription, request.max_messages, wait)
+        received = await self.consumers.pull(request.subscription, request.max_messages, wait)
         return _pb.PullResponse.pb()(received_messages=received)
 
     async def Acknowledge(self, request: Any, context: Any) -> Any:
-        await self.core.acknowledge(request.subscription, request.ack_ids)
+        await self.consumers.acknowledge(request.subscription, request.ack_ids)
         return _Empty()
 
     async def ModifyAckDeadline(self, request: Any, context: Any) -> Any:
-        self.core.modify_ack_deadline(request.subscription, request.ack_ids, request.ack_deadline_seconds)
+        self.consumers.modify_ack_deadline(
+            request.subscription, request.ack_ids, request.ack_deadline_seconds
+        )
         if request.ack_deadline_seconds == 0:  # a nack: answered once its delivery count is stored
-            await self.core.attempts_recorded()
+            await self.consumers.attempts_recorded()
         return _Empty()
 
     async def StreamingPull(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Bidirectional: a reader task applies acks, modacks and deadline changes; we send messages and,
         under exactly-once delivery, the confirmations of those acks and modacks (:class:`_Confirmations`)."""
-        core = self.core
+        consumers, catalog = self.consumers, self.catalog
         first = await _next_request(requests)
         if first is None:
             return
@@ -252,7 +263,7 @@ class PubSubServicer:
         )
         if first.max_outstanding_messages < 0 or first.max_outstanding_bytes < 0:
             raise invalid("max_outstanding_messages and max_outstanding_bytes must not be negative.")
-        consumer = core.open_consumer(
+        consumer = consumers.open_consumer(
             subscription, float(deadline), first.max_outstanding_messages, first.max_outstanding_bytes
         )
         failure: list[Exception] = []
@@ -264,10 +275,10 @@ class PubSubServicer:
             if consumer.confirmations is None:
                 consumer.confirmations = _Confirmations()
             consumer.confirmations.add(acknowledged, ack_ids, failures)
-            core.wake(subscription)
+            consumers.wake(subscription)
 
         async def acknowledge(ack_ids: Any) -> None:
-            confirm(True, ack_ids, await core.acknowledge(subscription, ack_ids, report=False))
+            confirm(True, ack_ids, await consumers.acknowledge(subscription, ack_ids, report=False))
 
         def apply(request: Any) -> None:
             if request.stream_ack_deadline_seconds:
@@ -281,7 +292,9 @@ class PubSubServicer:
             if request.modify_deadline_ack_ids or request.modify_deadline_seconds:
                 ack_ids = request.modify_deadline_ack_ids
                 confirm(
-                    False, ack_ids, core.modify_each(subscription, ack_ids, request.modify_deadline_seconds)
+                    False,
+                    ack_ids,
+                    consumers.modify_each(subscription, ack_ids, request.modify_deadline_seconds),
                 )
 
         async def read() -> None:
@@ -301,19 +314,19 @@ class PubSubServicer:
             except Exception as error:  # e.g. an ack the store could not write: end the stream with it
                 failure.append(error)
             finally:
-                core.close_consumer(subscription, consumer)
+                consumers.close_consumer(subscription, consumer)
 
         reader = asyncio.ensure_future(read())
         try:
             while True:
-                batch = await core.next_batch(subscription, consumer)
+                batch = await consumers.next_batch(subscription, consumer)
                 if failure:
                     raise failure[0]
                 owed, consumer.confirmations = consumer.confirmations, None
                 if not batch and owed is None:
                     break
                 # Read per response: an UpdateSubscription can turn exactly-once delivery on or off.
-                config = core.get_subscription(subscription)
+                config = catalog.get_subscription(subscription)
                 properties = _SubscriptionProperties(
                     message_ordering_enabled=config.enable_message_ordering,
                     exactly_once_delivery_enabled=config.enable_exactly_once_delivery,
@@ -323,24 +336,24 @@ class PubSubServicer:
                     owed.fill(response)
                 yield response
         finally:
-            core.close_consumer(subscription, consumer)
+            consumers.close_consumer(subscription, consumer)
             reader.cancel()
 
     # ------------------------------------------------------------ SchemaService
     async def CreateSchema(self, request: Any, context: Any) -> Any:
-        return await self.core.schemas.create(request.parent, request.schema_id, request.schema)
+        return await self.schemas.create(request.parent, request.schema_id, request.schema)
 
     async def GetSchema(self, request: Any, context: Any) -> Any:
-        return self.core.schemas.get(request.name, request.view)
+        return self.schemas.get(request.name, request.view)
 
     async def ListSchemas(self, request: Any, context: Any) -> Any:
-        schemas = self.core.schemas
+        schemas = self.schemas
         names, token = page(schemas.names(request.parent), request.page_size, request.page_token)
         listed = schemas.listed(names, request.view)
         return _schema.ListSchemasResponse.pb()(schemas=listed, next_page_token=token)
 
     async def ListSchemaRevisions(self, request: Any, context: Any) -> Any:
-        revisions = self.core.schemas.revisions(request.name, request.view)
+        revisions = self.schemas.revisions(request.name, request.view)
         # Paged in creation order: a revision's create time (unique within its schema) is its page key.
         by_time = {_revision_key(revision): revision for revision in revisions}
         keys, token = page(list(by_time), request.page_size, request.page_token)
@@ -348,39 +361,39 @@ class PubSubServicer:
         return _schema.ListSchemaRevisionsResponse.pb()(schemas=shown, next_page_token=token)
 
     async def CommitSchema(self, request: Any, context: Any) -> Any:
-        return await self.core.schemas.commit(request.name, request.schema)
+        return await self.schemas.commit(request.name, request.schema)
 
     async def RollbackSchema(self, request: Any, context: Any) -> Any:
-        return await self.core.schemas.rollback(request.name, request.revision_id)
+        return await self.schemas.rollback(request.name, request.revision_id)
 
     async def DeleteSchemaRevision(self, request: Any, context: Any) -> Any:
-        return await self.core.schemas.delete_revision(request.name, request.revision_id)
+        return await self.schemas.delete_revision(request.name, request.revision_id)
 
     async def DeleteSchema(self, request: Any, context: Any) -> Any:
-        await self.core.delete_schema(request.name)
+        await self.catalog.delete_schema(request.name)
         return _Empty()
 
     async def ValidateSchema(self, request: Any, context: Any) -> Any:
-        await self.core.schemas.validate_schema(request.parent, request.schema)
+        await self.schemas.validate_schema(request.parent, request.schema)
         return _schema.ValidateSchemaResponse.pb()()
 
     async def ValidateMessage(self, request: Any, context: Any) -> Any:
-        await self.core.schemas.validate_message(request)
+        await self.schemas.validate_message(request)
         return _schema.ValidateMessageResponse.pb()()
 
     # ------------------------------------------------------------ IAMPolicy
     async def GetIamPolicy(self, request: Any, context: Any) -> Any:
-        return self.core.get_policy(request.resource)
+        return self.catalog.get_policy(request.resource)
 
     async def SetIamPolicy(self, request: Any, context: Any) -> Any:
-        self.core.check_iam_resource(request.resource)  # NOT_FOUND first, as for GetIamPolicy
+        self.catalog.check_iam_resource(request.resource)  # NOT_FOUND first, as for GetIamPolicy
         _iam.check_policy(request.policy)  # enforcing or not, as the real service checks
-        return await self.core.set_policy(request.resource, request.policy)
+        return await self.catalog.set_policy(request.resource, request.policy)
 
     async def TestIamPermissions(self, request: Any, context: Any) -> Any:
         metadata = tuple(context.invocation_metadata() or ())
         if not self._enforcing:
-            self.core.check_iam_resource(request.resource)
+            self.catalog.check_iam_resource(request.resource)
             _iam.check_testable(request.resource, request.permissions)
             granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
             return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
@@ -393,7 +406,7 @@ class PubSubServicer:
         holds_any = await self.authorizer.granted(metadata, request.resource, sorted(applicable))
         if not holds_any:
             return iam_policy_pb2.TestIamPermissionsResponse(permissions=[])
-        self.core.check_iam_resource(request.resource)
+        self.catalog.check_iam_resource(request.resource)
         granted = await self.authorizer.granted(metadata, request.resource, list(request.permissions))
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted)
 

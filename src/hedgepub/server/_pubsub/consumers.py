@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from hedgepub._clock import Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
-from hedgepub.server._pubsub.delivery import SubscriptionState, dead_letter_copy
+from hedgepub.server._pubsub.delivery import (
+    FRAMING_BYTES,
+    MAX_RESPONSE_BYTES,
+    ReceivedMessage,
+    SubscriptionState,
+    dead_letter_copy,
+)
 from hedgepub.server._pubsub.expiration import ExpirationWatch
 from hedgepub.server._pubsub.leases import (
     MAX_MESSAGES_PER_RESPONSE,
@@ -29,7 +35,10 @@ from hedgepub.server._pubsub.leases import (
     well_formed_ack_id,
 )
 from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.publishing import Publishing
+from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._pubsub.replay import Replay
+from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.protocol import Store
 
 logger = logging.getLogger("hedgepub.server")
@@ -40,9 +49,9 @@ __all__ = ["Consumers"]
 class Consumers:
     """Leases, acknowledgements and dead-letter forwarding on the core's subscriptions.
 
-    ``subscriptions`` and ``topics`` are the core's tables (read here, changed by the core);
-    ``append`` stores already accepted messages on a topic (dead-letter copies); ``spawn`` runs background
-    work the core waits for on close; ``may_forward(subscription, topic)`` says whether the service may
+    It looks subscriptions and topics up in ``registry`` (changed by the catalog); ``publishing`` stores
+    the dead-letter copies, as messages already accepted; ``background`` runs the work nobody awaits (the
+    core ends it on close); ``may_forward(subscription, topic)`` says whether the service may
     forward to a dead-letter topic (IAM enforcement; ``None`` allows every forwarding). It is also the host
     of the push workers (:class:`~.push.PushHost`).
     """
@@ -52,24 +61,25 @@ class Consumers:
         store: Store,
         clock: Clock,
         wall_clock_ns: Callable[[], int],
-        subscriptions: Mapping[str, SubscriptionState],
-        topics: Mapping[str, Any],
+        registry: Registry,
+        background: Background,
         *,
         expiration: ExpirationWatch,
         replay: Replay,
-        append: Callable[[str, list[Any]], Awaitable[list[str]]],
-        spawn: Callable[[Any], None],
+        publishing: Publishing,
         may_forward: Callable[[str, str], bool] | None = None,
+        transforms: Transforms | None = None,
     ) -> None:
         self._store = store
+        self._transforms = transforms if transforms is not None else Transforms()
         self._clock = clock
         self._wall_clock_ns = wall_clock_ns
-        self._subscriptions = subscriptions
-        self._topics = topics
+        self._registry = registry
+        self._subscriptions: Mapping[str, SubscriptionState] = registry.subscriptions
         self._expiration = expiration
         self._replay = replay
-        self._append = append
-        self._spawn = spawn
+        self._publishing = publishing
+        self._spawn = background.spawn
         self._may_forward = may_forward
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: The lease timers of every subscription.
@@ -79,7 +89,7 @@ class Consumers:
         self._attempts_writes: set[asyncio.Task[None]] = set()
 
     def _subscription(self, name: str) -> SubscriptionState:
-        return resources.existing(self._subscriptions, limits.check_subscription_name(name))
+        return self._registry.subscription(name)
 
     def _deliverable(self, name: str) -> SubscriptionState:
         """A subscription Pull and StreamingPull may take from: attached, and not push."""
@@ -116,21 +126,71 @@ class Consumers:
             return None
         return state if state.config.push_config.push_endpoint else None
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease ready messages for a push worker (as :meth:`pull` does for a caller)."""
-        return self._take(state, consumer, max_messages)
+        return await self._take(state, consumer, max_messages)
 
-    def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
-        """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
+    async def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease up to ``max_messages`` ready messages to ``consumer``, transformed by the subscription's
+        transforms; drop those past retention."""
         if not state.ready and not state.more and not state.held_lines:
             return []
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = self._wall_clock_ns() / 1e9 - retention
-        out, expired = state.take(consumer, max_messages, oldest_kept)
-        if expired:
-            self._spawn(self._store.ack(state.name, expired))
-        return out
+        while True:
+            out, expired = state.take(consumer, max_messages, oldest_kept)
+            if expired:
+                self._spawn(self._store.ack(state.name, expired))
+            if not out or not config.message_transforms or all(t.disabled for t in config.message_transforms):
+                return out
+            out, gave_back = await self._transformed(state, config, out)
+            if out or not gave_back:
+                return out
+            # Nothing to hand out, but messages went back ready (their worker stopped on an earlier one):
+            # take them again now rather than wait for a change that already happened.
+
+    async def _transformed(
+        self, state: SubscriptionState, config: Any, out: list[Any]
+    ) -> tuple[list[Any], bool]:
+        """The leased messages ``out`` after the subscription's transforms. One they fail on is a delivery
+        attempt that ended unacknowledged (:meth:`~.SubscriptionState.transform_failed`), one they filter
+        out is acknowledged; those not run (the request's CPU budget spent, a worker stopped) and those
+        past the response's size go back uncounted (:meth:`~.SubscriptionState.give_back`). Returns the
+        messages to hand out, and whether any went back."""
+        results = await self._transforms.apply(
+            state.name, config.message_transforms, [r.message for r in out]
+        )
+        kept: list[Any] = []
+        back: list[Any] = []
+        filtered: list[int] = []
+        total = 0
+        for received, result in zip(out, results, strict=True):
+            lease = state.leases.get(received.ack_id)
+            if lease is None:
+                continue  # ended meanwhile: its deadline passed, or an earlier message of its key came back
+            if back or isinstance(result, NotRun):
+                back.append(lease)
+            elif isinstance(result, TransformFailed):
+                state.transform_failed(lease, result)
+            elif result is None:  # filtered out: acknowledged, as a subscription's filter does
+                filtered.extend(state.acknowledge([received.ack_id]))
+            else:
+                size = result.ByteSize() + len(received.ack_id) + FRAMING_BYTES
+                if kept and total + size > MAX_RESPONSE_BYTES:
+                    back.append(lease)
+                    continue
+                total += size
+                kept.append(
+                    ReceivedMessage(
+                        ack_id=received.ack_id, message=result, delivery_attempt=received.delivery_attempt
+                    )
+                )
+        if back:
+            state.give_back(back)
+        if filtered:
+            self._spawn(self._store.ack(state.name, filtered))
+        return [received for received in kept if received.ack_id in state.leases], bool(back)
 
     def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
         # Read from the store but never to be delivered (a filter refused them before a crash let the
@@ -182,11 +242,11 @@ class Consumers:
         """
         forwarded = False
         try:
-            if topic in self._topics and not self._forwarding_refused(state.name, topic):
+            if topic in self._registry.topics and not self._forwarding_refused(state.name, topic):
                 # (the real service keeps the message when the topic is missing, or may not be published to)
                 # Not through publish(): the copy is the service's own, and the attributes it gains may take
                 # a message that was at the 100-attribute limit past it; that must not drop the message.
-                await self._append(topic, [dead_letter_copy(state.name, pending)])
+                await self._publishing.append(topic, [dead_letter_copy(state.name, pending)])
                 await self._store.ack(state.name, [pending.sequence])
                 forwarded = True
         except Exception:
@@ -230,7 +290,7 @@ class Consumers:
         # write overlaps the wait for messages.
         recorded = self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds), group=state.pull_group)
-        taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+        taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
             await self._record_leases(state, taken)
             if recorded is not None:
@@ -244,7 +304,7 @@ class Consumers:
             if not await state.wait_changed(remaining):
                 break
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+            taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         await self._record_leases(state, taken)
         if recorded is not None:
             await recorded
@@ -255,7 +315,7 @@ class Consumers:
         once when it owes its client :attr:`~Consumer.confirmations` (set them, then :meth:`wake`)."""
         while not consumer.closed:
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+            taken = await self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
                 await self._record_leases(state, taken)
                 return taken
@@ -345,6 +405,19 @@ class Consumers:
         if failures and report:
             raise limits.ack_id_failures(failures)
         return failures if state.config.enable_exactly_once_delivery else None
+
+    async def acknowledge_released(self, state: SubscriptionState, sequences: Sequence[int]) -> None:
+        """Acknowledge in the store messages ``state`` already let go of in memory (a Cloud Storage
+        subscription's file, now durable). NOT_FOUND when that subscription is gone (or is another one of
+        the same name now)."""
+        subscription = state.name
+        if self._subscriptions.get(subscription) is not state or state.deleted:
+            raise limits.not_found(subscription)
+        recorded = self._expiration.touch(subscription)
+        await self._replay.acknowledged(state.config, list(sequences))
+        await self._store.ack(subscription, sequences)
+        if recorded is not None:
+            await recorded
 
     def modify_ack_deadline(self, subscription: str, ack_ids: Sequence[str], seconds: int) -> None:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now. With exactly-once

@@ -25,7 +25,7 @@ past their retention are dropped, and with them the messages nothing else keeps.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.pubsub_v1.types import pubsub as pubsub_types
@@ -34,7 +34,10 @@ from hedgepub._clock import Clock, TimerHandle
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
+from hedgepub.server._pubsub.expiration import ExpirationWatch
 from hedgepub.server._pubsub.limits import ServiceError, invalid
+from hedgepub.server._pubsub.policies import IamPolicies
+from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._store.protocol import Store
 
 Snapshot: Any = pubsub_types.Snapshot.pb()
@@ -71,10 +74,9 @@ def _retention_ns(resource: Any) -> int | None:
 class Replay:
     """Snapshots, Seek and retention for one core.
 
-    ``subscription(name)`` and ``topic(name)`` look resources up (raising NOT_FOUND); ``subscriptions()``
-    lists the subscriptions' delivery states; ``wall_ns()`` is the calendar time in ns; ``spawn`` runs a
-    coroutine in the background; ``forgotten(name)``, if given, is awaited when a snapshot goes (deleted or
-    expired), for what the core keeps about it (its IAM policy).
+    It looks topics and subscriptions up in ``registry``; ``wall_ns()`` is the calendar time in ns; a
+    snapshot that goes (deleted or expired) takes its IAM policy in ``policies`` with it; a Seek is
+    activity for ``expiration``.
     """
 
     def __init__(
@@ -82,21 +84,19 @@ class Replay:
         store: Store,
         clock: Clock,
         wall_ns: Callable[[], int],
-        subscription: Callable[[str], Any],
-        subscriptions: Callable[[], Sequence[Any]],
-        topic: Callable[[str], Any],
-        spawn: Callable[[Awaitable[Any]], None],
+        registry: Registry,
+        background: Background,
         *,
-        forgotten: Callable[[str], Awaitable[None]] | None = None,
+        policies: IamPolicies,
+        expiration: ExpirationWatch,
     ) -> None:
         self._store = store
         self._clock = clock
         self._wall_ns = wall_ns
-        self._subscription = subscription
-        self._subscriptions = subscriptions
-        self._topic = topic
-        self._spawn = spawn
-        self._forgotten = forgotten
+        self._registry = registry
+        self._background = background
+        self._policies = policies
+        self._expiration = expiration
         self._snapshots: dict[str, Any] = {}
         self._expiry: dict[str, TimerHandle] = {}
         self._retained_topics: dict[str, int] = {}
@@ -188,7 +188,7 @@ class Replay:
 
     async def create_snapshot(self, name: str, subscription: str, labels: Any) -> Any:
         """CreateSnapshot: capture the subscription's unacknowledged messages and what is published next."""
-        state = self._subscription(subscription)
+        state = self._registry.subscription(subscription)
         config = state.config
         if not name:  # the real service names it when the request does not
             project = subscription.split("/")[1]
@@ -237,7 +237,7 @@ class Replay:
 
     def list_topic_snapshots(self, topic: str, page_size: int, page_token: str) -> tuple[list[str], str]:
         """ListTopicSnapshots: names of the snapshots of ``topic``."""
-        self._topic(topic)
+        self._registry.topic(topic)
         names = sorted(name for name, snapshot in self._snapshots.items() if snapshot.topic == topic)
         return resources.page(names, page_size, page_token)
 
@@ -265,8 +265,7 @@ class Replay:
         if timer is not None:
             timer.cancel()
         await self._store.delete("snapshots", name)
-        if self._forgotten is not None:
-            await self._forgotten(name)
+        await self._policies.drop(name)
 
     def _arm_expiry(self, snapshot: Any) -> None:
         name = snapshot.name
@@ -274,12 +273,21 @@ class Replay:
         if previous is not None:
             previous.cancel()
         delay = (_ns(snapshot.expire_time) - self._wall_ns()) / 1e9
-        self._expiry[name] = self._clock.call_later(max(0.0, delay), lambda: self._spawn(self._forget(name)))
+        self._expiry[name] = self._clock.call_later(
+            max(0.0, delay), lambda: self._background.spawn(self._forget(name))
+        )
 
     # ------------------------------------------------------------- seek
     async def seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
-        """Seek to a time (ns since the epoch) or to a snapshot; see the module's docstring."""
-        state = self._subscription(subscription)
+        """Seek to a time (ns since the epoch) or to a snapshot; see the module's docstring. It is
+        activity: answered once that is recorded."""
+        recorded = self._expiration.touch(subscription)
+        await self._seek(subscription, publish_ns, snapshot)
+        if recorded is not None:
+            await recorded
+
+    async def _seek(self, subscription: str, publish_ns: int | None, snapshot: str | None) -> None:
+        state = self._registry.subscription(subscription)
         config = state.config
         if config.detached:
             raise ServiceError(
@@ -325,7 +333,7 @@ class Replay:
     # ------------------------------------------------------------- retention
     def _prune_tick(self) -> None:
         self._prune_timer = self._clock.call_later(PRUNE_INTERVAL_SECONDS, self._prune_tick)
-        self._spawn(self.prune())
+        self._background.spawn(self.prune())
 
     async def prune(self) -> None:
         """Drop references past their retention: subscriptions' backlogs and retained acknowledged
@@ -333,7 +341,7 @@ class Replay:
         now = self._wall_ns()
         # Most subscriptions share a retention: search the store once per distinct cut-off.
         thresholds: dict[int, int | None] = {}
-        for state in list(self._subscriptions()):
+        for state in self._registry.states():
             config = state.config
             retention = _retention_ns(config) or limits.DEFAULT_RETENTION_SECONDS * 1_000_000_000
             await self._drop_before(config.name, now - retention, thresholds)

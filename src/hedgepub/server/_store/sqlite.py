@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from hedgepub.server._store.batch import Batch
-from hedgepub.server._store.group_commit import GroupCommitWriter, Operation
+from hedgepub.server._store.group_commit import GroupCommitWriter, Operation, Statement
 from hedgepub.server._store.protocol import HOLDING_KINDS, ResourceKind, Snapshot, Store, resource_class
 from hedgepub.server._store.sqlite_schema import (
+    APPEND,
     EXTEND_OFFSETS,
     HIGHEST,
     HOLDERS,
@@ -456,8 +457,9 @@ class SqliteStore(Store):
         """Store a batch once and reference its messages from each subscription; returns after the commit.
 
         One row for the batch and one for its body (serialized here, on the caller's thread, before anyone
-        stamps its messages in place); the references are generated inside SQLite, one statement per
-        holder, so no Python work or binding is done per message.
+        stamps its messages in place); the references are generated inside SQLite, so no Python work or
+        binding is done per message. Batch, body and the first holder's references are one statement
+        (:data:`APPEND`, a trigger on a view), each further holder's references one more.
         """
         if not len(batch):
             return
@@ -469,18 +471,18 @@ class SqliteStore(Store):
             await self.reserve(last)
             return
         ids = ids or [KEEP]
-        row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids))
-        body = batch.body()
+        row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids), batch.body(), ids[0])
+        if len(ids) == 1 and len(batch) <= OFFSETS:
+            # The whole append is one statement, which a commit of its own needs no BEGIN and COMMIT for.
+            await self._write(Statement(APPEND, row))
+            return
         longer = len(batch) > OFFSETS  # than any Publish request: perhaps than the offsets stored
 
         def operation(connection: sqlite3.Connection) -> None:
             if longer:
                 connection.execute(EXTEND_OFFSETS, (len(batch),))
-            connection.execute(
-                "INSERT INTO batches (first, last, topic, publish_ns, refs) VALUES (?, ?, ?, ?, ?)", row
-            )
-            connection.execute("INSERT INTO bodies (first, body) VALUES (?, ?)", (first, body))
-            for identifier in ids:
+            connection.execute(APPEND, row)
+            for identifier in ids[1:]:
                 connection.execute(NEW_REFERENCES, (first, last, identifier))
 
         await self._write(operation)
