@@ -170,6 +170,10 @@ class InstantTransport:
         """No connection to keep."""
         return False
 
+    async def wait_ready(self, timeout: float) -> bool:
+        """Always ready."""
+        return True
+
     async def probe(self, timeout: float) -> bool:
         """Always answers."""
         return True

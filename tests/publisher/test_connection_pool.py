@@ -304,6 +304,21 @@ def test_each_connection_of_the_pool_is_a_tcp_connection_of_its_own_kept_connect
     assert len(server.messages(TOPIC)) == 2 * size
 
 
+def test_while_no_connection_is_ready_an_attempt_rides_the_first_that_gets_ready(server: LocalServer) -> None:
+    # Rule 25 at the start: both connections open at once, and the relay holds one's set-up for a minute
+    # (a lost SYN, drawn with seed 3: of each publisher's two connections exactly one is held). The first
+    # publish goes on the other one instead of queueing on connection 0, whichever that is.
+    with FaultRelay(upstream=server.address, syn_delay_probability=0.5, syn_delay=60.0, seed=3) as relay:
+        for round_number in range(3):
+            with PublisherClient(
+                endpoint=relay.address, channel_pool_size=2, batch_settings=BatchSettings(max_messages=1)
+            ) as publisher:
+                publisher.publish(TOPIC, b"first %d" % round_number).result(timeout=30)
+                held = [c.syn_delayed for c in relay.connections if c.index >= 2 * round_number]
+                assert sorted(held) == [False, True]
+    assert len(server.messages(TOPIC)) == 3
+
+
 def test_each_hedge_endpoint_gets_a_pool_of_its_own(server: LocalServer) -> None:
     hedging = HedgingSettings(hedge_delay=0.1)
     with FaultRelay(upstream=server.address) as primary, FaultRelay(upstream=server.address) as other:

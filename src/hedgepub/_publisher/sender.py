@@ -135,7 +135,7 @@ class BatchSender:
                     avoid = {other.member for other, where in running.items() if where == index}
                     if attempt_number == 0 and failed_on[0] is not None and failed_on[0][0] == index:
                         avoid.add(failed_on[0][1])
-                    member = pool.pick(avoid)
+                    member = await pool.choose(avoid, timeout)
                 lease = pool.start(member)
                 running[lease] = index
                 transport = lease.transport

@@ -186,7 +186,11 @@ class Transport(Protocol):
     def keep_connected(self) -> bool:
         """Connect now if not connected, and update :attr:`ready`. Whether there is a connection to keep:
         the pool calls this again every :data:`~hedgepub._transport.pool.KEEP_WARM` seconds while any of
-        its transports says so."""
+        its transports says so, and before an attempt on one it last saw not ready."""
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, while the connection is being made; whether it is ready. A
+        failed connection ends the wait at once; a transport that cannot tell answers :attr:`ready`."""
 
     async def probe(self, timeout: float) -> bool:
         """Whether the other end answers a tiny call on this connection within ``timeout`` (a silent
@@ -544,6 +548,26 @@ class GrpcTransport(Transport):
         self._probe = channel.unary_unary(PROBE_METHOD, request_serializer=None, response_deserializer=None)
         #: Whether the channel was READY when last seen (kept up to date by :meth:`keep_connected`).
         self.ready = True
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, while the channel is connecting (connecting it if idle);
+        whether it ended up connected. A connection refused or failed ends the wait at once (False), so
+        an attempt on it fails fast as it would have."""
+        channel = self._channel
+        connecting = (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING)
+
+        async def watch() -> bool:
+            state = channel.get_state(try_to_connect=True)
+            while state in connecting:
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
+            return state is grpc.ChannelConnectivity.READY
+
+        try:
+            self.ready = await asyncio.wait_for(watch(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return self.ready
 
     @classmethod
     def connect(

@@ -13,7 +13,9 @@ takes every call into a black hole until keepalive notices. So each endpoint get
   the retry of a failed original avoids those and the one its failed try used.
 - **Warm** (rule 25): each connection is connected at once and reconnected whenever it drops
   (:meth:`GrpcTransport.keep_connected`, every :data:`KEEP_WARM` seconds); an attempt goes to a ready
-  connection while there is one, so none waits for a set-up while another is warm.
+  connection while there is one, so none waits for a set-up while another is warm; while none is ready
+  (the first publish, every connection's SYN in flight), it waits for the first that gets ready
+  (:meth:`ConnectionPool.choose`) rather than queue on one whose SYN may have been lost (1 s).
 - **Silence** (rule 26): a connection on which nothing came back for :data:`SILENCE_AFTER` while an attempt
   was outstanding, or whose attempt lost to an attempt of the same batch on another connection with
   nothing back since it was sent, turns *silent*: it takes no new attempt while another connection is
@@ -56,6 +58,9 @@ PROBE_TIMEOUT = 1.0
 PROBE_PAUSE = 0.5
 #: Seconds between two rounds of keeping the connections warm (connecting the ones that dropped or idled).
 KEEP_WARM = 1.0
+#: The longest an attempt waits for one of the pool's connections to get ready when none is (then it goes
+#: on the connection :meth:`ConnectionPool.pick` names, where gRPC waits for the connection itself).
+CONNECT_WAIT = 10.0
 #: The longest pause between two replacements of a connection that stays silent.
 MAX_REPLACEMENT_PAUSE = 30.0
 
@@ -192,7 +197,12 @@ class ConnectionPool:
         best, best_rank = 0, 99
         for member in members:
             rank = 0 if member.state is ConnectionState.WARM else 2
-            if rank == 0 and not member.transport.ready:
+            # last seen not ready: look again (a connection made since then takes the attempt)
+            if (
+                rank == 0
+                and not member.transport.ready
+                and not (member.transport.keep_connected() and member.transport.ready)
+            ):
                 rank = 1
             if avoid and member.index in avoid:
                 rank += 3
@@ -201,6 +211,33 @@ class ConnectionPool:
             if rank < best_rank:
                 best, best_rank = member.index, rank
         return best
+
+    async def choose(self, avoid: Collection[int] = (), timeout: float = CONNECT_WAIT) -> int:
+        """:meth:`pick`, but while no warm connection outside ``avoid`` is ready, first wait (at most
+        ``timeout``) for the first of them to get ready (rule 25): with two connections opening at once,
+        an attempt rides whichever finishes its handshake first, not the first one whose SYN was lost."""
+        chosen = self.pick(avoid)
+        member = self._members[chosen]
+        if member.state is ConnectionState.WARM and member.transport.ready:
+            return chosen
+        candidates = [
+            candidate
+            for candidate in self._members
+            if candidate.state is ConnectionState.WARM and candidate.index not in avoid
+        ]
+        if len(candidates) < 2:  # nothing to choose between: gRPC waits on the one there is
+            return chosen
+        waits = [asyncio.ensure_future(candidate.transport.wait_ready(timeout)) for candidate in candidates]
+        try:
+            pending = set(waits)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if any(not task.cancelled() and task.exception() is None and task.result() for task in done):
+                    break
+        finally:
+            for task in waits:
+                task.cancel()
+        return self.pick(avoid)
 
     def start(self, member_index: int) -> Lease:
         """An attempt goes out on connection ``member_index`` now."""

@@ -19,7 +19,15 @@ require("bench", "hedgepub.bench (the bench)")
 # isort: split
 from hedgepub.admin import EMULATOR_HOST_VARIABLE, AdminClient, default_project, resource_path
 from hedgepub.bench._advise import Advice, Candidate, Prediction, advise, grid, replay
-from hedgepub.bench._config import DEFAULT_MIX, DEFAULT_STALL, SCENARIOS, BenchConfig, PublisherSpec
+from hedgepub.bench._config import (
+    DEFAULT_MIX,
+    DEFAULT_STALL,
+    HARNESSES,
+    NETWORK_SCENARIOS,
+    SCENARIOS,
+    BenchConfig,
+    PublisherSpec,
+)
 from hedgepub.bench._experiment import (
     BenchInterrupted,
     BenchProgress,
@@ -46,7 +54,9 @@ __all__ = [
     "DEFAULT_MIX",
     "DEFAULT_STALL",
     "EMULATOR_HOST_VARIABLE",
+    "HARNESSES",
     "LABEL_GID",
+    "NETWORK_SCENARIOS",
     "RESULT_KEYS",
     "SCENARIOS",
     "AdminClient",

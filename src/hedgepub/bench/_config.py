@@ -23,14 +23,27 @@ MAX_WARMUP = 5_000
 HedgeDelayChoice = float | str
 #: The name of the adaptive publisher (``"auto"`` in ``hedge_delays``).
 ADAPTIVE = "adaptive"
-#: What the bench injects: a latency mix drawn per call, or stall windows on one of two servers.
-Scenario = Literal["latency-mix", "correlated-stalls", "reference"]
-SCENARIOS: tuple[str, ...] = ("latency-mix", "correlated-stalls", "reference")
+#: What the bench injects: a latency mix drawn per call, stall windows on one of two servers, or a
+#: network fault on real TCP (packet loss, a dead connection, a lost SYN).
+Scenario = Literal[
+    "latency-mix", "correlated-stalls", "reference", "packet-loss", "dead-connection", "lost-syn"
+]
+#: The scenarios whose fault is on the network between publisher and server (:mod:`._network`).
+NETWORK_SCENARIOS: tuple[str, ...] = ("packet-loss", "dead-connection", "lost-syn")
+SCENARIOS: tuple[str, ...] = ("latency-mix", "correlated-stalls", "reference", *NETWORK_SCENARIOS)
+#: Where a network scenario's fault comes from: the kernel's packet filter in a namespace of its own
+#: (root, Linux), the userspace relay, or ``auto`` (the kernel where it works, else the relay).
+Harness = Literal["auto", "kernel", "relay"]
+HARNESSES: tuple[str, ...] = ("auto", "kernel", "relay")
 #: The stall windows of the correlated-stalls scenario: 500 ms every 5 s.
 DEFAULT_STALL = "500ms/5s"
 #: The publishers of the correlated-stalls scenario, as ``results.json`` names them.
 HEDGED = "hedged"
 CROSS_ENDPOINT = "cross_endpoint"
+#: The hedged publishers of the network scenarios: one connection (the hedge rides the original's), and
+#: a pool of two (the hedge goes on the other one).
+SAME_CONNECTION = "same_connection"
+OTHER_CONNECTION = "other_connection"
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class PublisherSpec:
     hedging: HedgingSettings | None
     #: Whether its hedges go to the correlated-stalls scenario's second server.
     cross_endpoint: bool = False
+    #: Its ``channel_pool_size`` (``None``: the publisher's default).
+    pool_size: int | None = None
 
 
 def _percentile_of(choice: str) -> float:
@@ -83,6 +98,13 @@ class BenchConfig:
         warmup_seconds: when above 0, the warm-up is this many seconds of the measured workload itself
             (same schedule, latency injected, nothing recorded) instead of fast publishes until the
             bucket is full; the ``reference`` scenario's 5 s.
+        loss: the ``packet-loss`` scenario's probability that a packet (kernel) or a segment (relay) is
+            lost, both ways, from the measured period on.
+        blackhole: the ``dead-connection`` scenario's window, in seconds: every publisher's busiest
+            connection (the one its originals ride) delivers nothing, a quarter into the measured period.
+        syn_loss: the ``lost-syn`` scenario's probability that a connection's SYN is lost (kernel: each
+            SYN, retransmissions too; relay: each connection's set-up delayed by 1 s).
+        network: where a network scenario's fault comes from: ``kernel``, ``relay`` or ``auto``.
     """
 
     messages: int = 2_000
@@ -100,6 +122,10 @@ class BenchConfig:
     dedup_hedges: bool = False
     message_size: int = 0
     warmup_seconds: float = 0.0
+    loss: float = 0.02
+    blackhole: float = 5.0
+    syn_loss: float = 0.5
+    network: Harness = "auto"
 
     @classmethod
     def reference(cls, **changes: Any) -> BenchConfig:
@@ -118,6 +144,29 @@ class BenchConfig:
         }
         settings.update(changes)
         return cls(**settings)
+
+    @classmethod
+    def network_fault(cls, scenario: str, **changes: Any) -> BenchConfig:
+        """A network scenario (``packet-loss``, ``dead-connection`` or ``lost-syn``) with its defaults:
+        1 KiB single-message publishes at 100/s at fixed intervals for 30 s, hedging after 100 ms; the
+        ``lost-syn`` one with no warm-up (the first publishes need the connections)."""
+        settings: dict[str, Any] = {
+            "scenario": scenario,
+            "rate": 100.0,
+            "messages": 3_000,
+            "arrivals": "fixed",
+            "message_size": 1024,
+            "hedge_delays": (0.1,),
+        }
+        if scenario == "lost-syn":
+            settings["warmup"] = 0
+        settings.update(changes)
+        return cls(**settings)
+
+    @property
+    def network_scenario(self) -> bool:
+        """Whether the fault is on the network (packet loss, a dead connection, a lost SYN)."""
+        return self.scenario in NETWORK_SCENARIOS
 
     def __post_init__(self) -> None:
         if isinstance(self.messages, bool) or not isinstance(self.messages, int) or self.messages < 1:
@@ -149,13 +198,39 @@ class BenchConfig:
                     "the correlated-stalls scenario compares one fixed hedge delay on the primary and "
                     f"across endpoints; give one, such as --hedge-delay 0.1 (got {self.hedge_delays!r})"
                 )
+        for what, value, low, high in (
+            ("loss", self.loss, 0.0, 1.0),
+            ("syn_loss", self.syn_loss, 0.0, 1.0),
+            ("blackhole", self.blackhole, 0.0, 600.0),
+        ):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and low < value <= high):
+                raise ValueError(f"{what} must be above {low:g} and at most {high:g}; got {value!r}")
+        if self.network not in HARNESSES:
+            raise ValueError(f"network must be one of {', '.join(HARNESSES)}; got {self.network!r}")
+        if self.network_scenario and (len(self.hedge_delays) != 1 or isinstance(self.hedge_delays[0], str)):
+            raise ValueError(
+                f"the {self.scenario} scenario compares one fixed hedge delay on the same connection and "
+                f"on another; give one, such as --hedge-delay 0.1 (got {self.hedge_delays!r})"
+            )
         names = [spec.name for spec in self.publishers()]  # validates every delay, max_tokens, refill_ratio
         if len(set(names)) != len(names):
             raise ValueError(f"hedge_delays must not repeat a delay; got {self.hedge_delays!r}")
 
     def publishers(self) -> tuple[PublisherSpec, ...]:
         """Every publisher of the run, in the order they are shown: unhedged first."""
-        specs = [PublisherSpec(UNHEDGED, None)]
+        specs = [PublisherSpec(UNHEDGED, None, pool_size=1 if self.network_scenario else None)]
+        if self.network_scenario:
+            delay = self.hedge_delays[0]
+            if isinstance(delay, str):
+                raise ValueError(f"the {self.scenario} scenario needs a fixed hedge delay; got {delay!r}")
+            hedging = HedgingSettings(
+                hedge_delay=delay, max_tokens=self.max_tokens, refill_ratio=self.refill_ratio
+            )
+            return (
+                *specs,
+                PublisherSpec(SAME_CONNECTION, hedging, pool_size=1),
+                PublisherSpec(OTHER_CONNECTION, hedging, pool_size=2),
+            )
         if self.scenario == "correlated-stalls":
             delay = self.hedge_delays[0]
             if isinstance(delay, str):

@@ -46,6 +46,7 @@ from hedgepub.bench._schedule import arrival_times, pair_orders
 
 if TYPE_CHECKING:
     from hedgepub import AsyncPublisherClient
+    from hedgepub.bench._network import NetworkPlan
     from hedgepub.server import LatencyMix
 
 #: How many warm-up publishes each publisher has in flight at once.
@@ -317,6 +318,16 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
     # imported here, when a run starts, so that the report and plot helpers load without the server
     from hedgepub.server import LocalServer
 
+    progress = progress or _NoProgress()
+    if config.network_scenario:
+        from hedgepub.bench._network import INSIDE_VARIABLE, NetworkPlan, resolve_harness, run_in_namespace
+
+        harness, why = resolve_harness(config.network)
+        if harness == "kernel" and not os.environ.get(INSIDE_VARIABLE):
+            return await run_in_namespace(config, progress)
+        plan = NetworkPlan(config, harness, why)
+        with contextlib.ExitStack() as stack:
+            return await _run(config, progress, servers=plan.open(stack), plan=plan)
     with contextlib.ExitStack() as stack:
         servers = {
             name: stack.enter_context(
@@ -324,7 +335,7 @@ async def run_bench(config: BenchConfig, progress: BenchProgress | None = None) 
             )
             for name in (("primary", "second") if config.scenario == "correlated-stalls" else ("primary",))
         }
-        return await _run_on(servers, config, progress or _NoProgress())
+        return await _run_on(servers, config, progress)
 
 
 @dataclass(frozen=True)
@@ -398,6 +409,7 @@ async def _run(
     *,
     servers: Mapping[str, Any] | None = None,
     remote: RemoteTarget | None = None,
+    plan: NetworkPlan | None = None,
 ) -> BenchRun:
     from hedgepub import AsyncPublisherClient
     from hedgepub.server import FaultRule, LatencyMix, StallWindows
@@ -415,9 +427,13 @@ async def _run(
         mix = LatencyMix.parse(config.mix)
         rule = FaultRule(stall=StallWindows.parse(config.stall)) if stalls else FaultRule(latency=mix)
         longest_delay = rule.stall.stall if rule.stall is not None else _longest_delay(mix)
+        if plan is not None:  # nothing injected in the server: the fault is on the network
+            rule = None
         server = servers["primary"]
         endpoint: str | None = server.address
         endpoint_names = {running.address: name for name, running in servers.items()}
+        if plan is not None:
+            endpoint_names = plan.endpoint_names()
         topics = {name: f"projects/{_PROJECT}/topics/bench-{name}" for name in names}
         for running in servers.values():
             with AdminClient(running.address) as admin:
@@ -431,12 +447,15 @@ async def _run(
         await check_reachable(endpoint, REACHABLE_TIMEOUT)
         endpoint_names = {}
         topics = dict.fromkeys(names, remote.topic)
+    if plan is not None:
+        plan.before_clients()
     clients = {
         spec.name: AsyncPublisherClient(
             hedging_settings=spec.hedging,
             batch_settings=batch,
             retry_settings=retry,
-            endpoint=endpoint,
+            endpoint=plan.endpoint(spec) if plan is not None else endpoint,
+            channel_pool_size=spec.pool_size,
             hedge_endpoints=[servers["second"].address] if spec.cross_endpoint and servers else None,
             idempotency_attribute=config.idempotency_key,
         )
@@ -455,11 +474,14 @@ async def _run(
             if current is not None and sys.version_info >= (3, 11):  # 3.10's tasks count no cancellations
                 current.uncancel()
             raise BenchInterrupted("interrupted during the warm-up: nothing was measured") from None
+        if plan is not None:
+            plan.measuring()
         if servers is not None and rule is not None:
             servers["primary"].faults.seed(config.seed)  # stall windows count from here, phase from seed
             servers["primary"].faults.set("Publish", rule)
         measured = await _measure(clients, topics, config, progress, counters_now)
         after = counters_now()
+        network_entry = plan.describe() if plan is not None else None  # before the connections close
         counters = {name: after[name] - measured.before[name] for name in names}
         delays_ms = {name: client.stats().hedge_delay_ms for name, client in clients.items()}
         measure_end = loop.time()
@@ -470,14 +492,15 @@ async def _run(
     missing: dict[str, int] = {}
     if servers is not None:
         # a losing attempt the server keeps working on after its caller gave up could still be stored
-        if not measured.interrupted:
+        if not measured.interrupted and plan is None:
             progress.phase("draining", None)
             await _drain(measure_end, longest_delay)
-        servers["primary"].faults.set("Publish", None)
+        if rule is not None:
+            servers["primary"].faults.set("Publish", None)
     for name in names:
         duplicates: int | None = None
         after_dedup: int | None = None
-        if servers is not None:
+        if servers is not None and plan is None:  # a plan's servers are processes of their own
             duplicates, after_dedup, missing[name] = _count_stored(
                 servers, topics[name], measured.published[name]
             )
@@ -507,6 +530,8 @@ async def _run(
     }
     if measured.interrupted:
         config_entry["run"]["interrupted"] = True
+    if network_entry is not None:
+        config_entry["network"] = network_entry
     if remote is not None:
         config_entry["target"] = {"endpoint": remote.endpoint, "topic": remote.topic}
     samples = {name: measured.recorders[name].samples() for name in names}

@@ -18,6 +18,8 @@ from hedgepub import RpcError, StatusCode
 from hedgepub.bench import (
     DEFAULT_MIX,
     DEFAULT_STALL,
+    HARNESSES,
+    NETWORK_SCENARIOS,
     SCENARIOS,
     BenchConfig,
     RemoteTarget,
@@ -26,7 +28,7 @@ from hedgepub.bench import (
     run_bench,
     run_remote_bench,
 )
-from hedgepub.cli._bench_output import delay_text, run_with_progress, write_outputs
+from hedgepub.cli._bench_output import delay_text, network_text, run_with_progress, write_outputs
 from hedgepub.cli._exit import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -180,7 +182,42 @@ def _checked_endpoint(_context: click.Context, _parameter: click.Parameter, valu
     "windows (--stall), and three publishers: unhedged, hedged (on the primary) and cross_endpoint "
     "(hedges to the second server); one fixed --hedge-delay (default 0.1), --messages 1800 by default, "
     "MIX unused. reference: the Go and Rust clients' hedging benchmark (their MIX, 200/s fixed, 1 KiB, "
-    "5 s warm-up on the workload, 30 s, --hedge-delay 0.1, 50 tokens, refill 0.1; options given win).",
+    "5 s warm-up on the workload, 30 s, --hedge-delay 0.1, 50 tokens, refill 0.1; options given win). "
+    "packet-loss, dead-connection, lost-syn: a fault on real TCP between publisher and server (--network) "
+    "and three publishers: unhedged, same_connection (hedges on the original's connection) and "
+    "other_connection (channel_pool_size 2: hedges on the other one); 1 KiB at 100/s fixed for 30 s, "
+    "--hedge-delay 0.1, MIX unused.",
+)
+@click.option(
+    "--loss",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=_DEFAULTS.loss,
+    show_default=True,
+    help="packet-loss: probability that a packet is lost, both ways, during the measured period.",
+)
+@click.option(
+    "--blackhole",
+    type=click.FloatRange(0, 600, min_open=True),
+    default=_DEFAULTS.blackhole,
+    show_default=True,
+    metavar="SECONDS",
+    help="dead-connection: how long each publisher's busiest connection delivers nothing (from a quarter "
+    "into the measured period).",
+)
+@click.option(
+    "--syn-loss",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=_DEFAULTS.syn_loss,
+    show_default=True,
+    help="lost-syn: probability that a connection's SYN is lost (no warm-up: the first publishes connect).",
+)
+@click.option(
+    "--network",
+    type=click.Choice(list(HARNESSES)),
+    default=_DEFAULTS.network,
+    show_default=True,
+    help="Where a network scenario's fault comes from: kernel (iptables in a network namespace of its "
+    "own; Linux, root), relay (a userspace TCP relay, anywhere), auto (the kernel where it works).",
 )
 @click.option(
     "--stall",
@@ -274,6 +311,10 @@ def bench(
     create_topic: bool,
     yes: bool,
     out_dir: Path,
+    loss: float,
+    blackhole: float,
+    syn_loss: float,
+    network: str,
 ) -> None:
     """Measure publish latency without and with hedging, side by side, on a local server.
 
@@ -286,6 +327,8 @@ def bench(
     --scenario correlated-stalls runs two servers instead: the primary stalls every publish that arrives
     in a window (--stall, 500 ms every 5 s), and hedges to the second server escape the window.
     --scenario reference runs the Go and Rust clients' hedging benchmark workload.
+    --scenario packet-loss, dead-connection and lost-syn put the fault on the network instead (the
+    kernel's packet filter as root on Linux, else a userspace relay: the output says which).
 
     With --topic, the same experiment runs against a running service instead (--endpoint, else
     PUBSUB_EMULATOR_HOST, else Google Cloud Pub/Sub): every publisher publishes to that topic, nothing is
@@ -314,10 +357,19 @@ def bench(
             hedge_delays = (_STALL_HEDGE_DELAY,)
         if context.get_parameter_source("messages") is click.core.ParameterSource.DEFAULT:
             messages = _STALL_MESSAGES
+    if scenario in NETWORK_SCENARIOS:
+        network_defaults = BenchConfig.network_fault(scenario)
+        rate = rate if given("rate") else network_defaults.rate
+        messages = messages if given("messages") else network_defaults.messages
+        arrivals = arrivals if given("arrivals") else network_defaults.arrivals
+        message_size = message_size if given("message_size") else network_defaults.message_size
+        hedge_delays = hedge_delays if given("hedge_delays") else network_defaults.hedge_delays
+        warmup = warmup if given("warmup") else network_defaults.warmup
     if duration is not None:
         if given("messages"):
             raise click.UsageError("give --messages or --duration, not both")
         messages = max(1, round(duration * rate))
+    harness, why = "", None
     if (endpoint is not None or create_topic) and topic is None:
         raise click.UsageError("--endpoint and --create-topic bench a running service: give its --topic")
     try:
@@ -337,13 +389,20 @@ def bench(
             dedup_hedges=dedup_hedges,
             message_size=message_size,
             warmup_seconds=warmup_seconds,
+            loss=loss,
+            blackhole=blackhole,
+            syn_loss=syn_loss,
+            network=network,  # type: ignore[arg-type]  # click.Choice checked it
         )
+        remote: RemoteTarget | None = None
         if topic is not None:
-            if config.scenario == "correlated-stalls":
-                raise ValueError("--scenario correlated-stalls needs the bench's own servers: drop --topic")
-            remote: RemoteTarget | None = RemoteTarget(endpoint, resource_path(project, "topics", topic))
-        else:
-            remote = None
+            if config.scenario == "correlated-stalls" or config.network_scenario:
+                raise ValueError(f"--scenario {config.scenario} needs the bench's own servers: drop --topic")
+            remote = RemoteTarget(endpoint, resource_path(project, "topics", topic))
+        if config.network_scenario:
+            from hedgepub.bench._network import resolve_harness
+
+            harness, why = resolve_harness(config.network)
     except (TypeError, ValueError) as error:
         raise click.UsageError(str(error)) from None
     console = Console()
@@ -351,11 +410,14 @@ def bench(
         _confirm_remote(console, config, remote, create_topic=create_topic, yes=yes)
         _run_remote(console, config, remote, create_topic=create_topic, out_dir=out_dir)
         return
-    injected = (
-        f"stalls on the primary's Publish {config.stall} (a second server takes cross-endpoint hedges)"
-        if config.scenario == "correlated-stalls"
-        else f"latency on Publish {config.mix}"
-    )
+    if config.network_scenario:
+        injected = network_text(config, harness, why)
+    elif config.scenario == "correlated-stalls":
+        injected = (
+            f"stalls on the primary's Publish {config.stall} (a second server takes cross-endpoint hedges)"
+        )
+    else:
+        injected = f"latency on Publish {config.mix}"
     console.print(
         f"[bold]hedgepub bench[/]: {config.messages:,} publishes per publisher at {config.rate:g}/s each "
         f"(measured for about {config.expected_seconds():.0f} s, after the warm-up), {injected}, "

@@ -40,7 +40,31 @@ PLOT_FILES = {
     "latency-mix": "tail-latency.png",
     "correlated-stalls": "correlated-stalls.png",
     "reference": "reference.png",
+    "packet-loss": "packet-loss.png",
+    "dead-connection": "dead-connection.png",
+    "lost-syn": "lost-syn.png",
 }
+
+
+def fault_text(config: BenchConfig) -> str:
+    """A network scenario's fault in words, e.g. ``2% packet loss both ways``."""
+    if config.scenario == "packet-loss":
+        return f"{config.loss * 100:g}% packet loss both ways"
+    if config.scenario == "dead-connection":
+        return f"each publisher's busiest connection black-holed for {config.blackhole:g} s"
+    return f"{config.syn_loss * 100:g}% of SYNs lost, no warm-up"
+
+
+def network_text(config: BenchConfig, harness: str, why: str | None) -> str:
+    """What a network scenario injects, and with which harness (and why not the kernel's)."""
+    if harness == "kernel":
+        where = "by the kernel's packet filter (iptables, a network namespace of its own)"
+    else:
+        where = f"by the userspace relay (FaultRelay; the kernel harness: {why})"
+    return (
+        f"{fault_text(config)} {where}; publishers unhedged, same_connection (hedges on the original's "
+        "connection) and other_connection (channel_pool_size 2)"
+    )
 
 
 class ProgressBar:
@@ -182,6 +206,13 @@ def plot_titles(document: dict[str, Any], config: BenchConfig) -> tuple[str, str
         subtitle = (
             f"endpoint {target['endpoint'] or 'default'}; hedge delays {delay_text(config.hedge_delays)}; "
             f"{workload}"
+        )
+    elif config.network_scenario:
+        network = document["config"].get("network", {})
+        title = f"Publish latency under {fault_text(config)}: hedges on the same connection vs another"
+        subtitle = (
+            f"{network.get('harness', '?')} harness; {config.message_size:,}-byte messages; hedge delay "
+            f"{delay_text(config.hedge_delays)}; {workload}"
         )
     elif config.scenario == "correlated-stalls":
         title = "Publish latency under correlated stalls: hedges on the primary vs to a second endpoint"

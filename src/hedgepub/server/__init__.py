@@ -41,11 +41,11 @@ Layers, each a subpackage, calls going down only:
   subscriptions and IAM policy RPCs to :mod:`._pubsub.catalog` (the one part that changes the registry of
   topics, subscriptions and attachments, :mod:`._pubsub.registry`; checks in :mod:`._pubsub.resources`,
   :mod:`._pubsub.limits`), Publish to :mod:`._pubsub.publishing`, pulls, leases, acks and dead letters
-  to :mod:`._pubsub.consumers` (each subscription's state machine in :mod:`._pubsub.delivery`, lease
-  timers in :mod:`._pubsub.leases`), snapshots and Seek to :mod:`._pubsub.replay`, schemas to
-  :mod:`._pubsub.schemas` (formats in :mod:`._pubsub.schema_formats`); IAM policies are kept by
-  :mod:`._pubsub.policies`, push delivery is :mod:`._pubsub.push`. ``--dedup-hedges`` is
-  :mod:`._pubsub.hedge_dedup`.
+  to :mod:`._pubsub.consumers` (each subscription's state machine in :mod:`._pubsub.delivery`, its
+  ordering keys' lines in :mod:`._pubsub.key_lines`, lease timers in :mod:`._pubsub.leases`), snapshots
+  and Seek to :mod:`._pubsub.replay`, schemas to :mod:`._pubsub.schemas` (formats in
+  :mod:`._pubsub.schema_formats`); IAM policies are kept by :mod:`._pubsub.policies`, push delivery is
+  :mod:`._pubsub.push`. ``--dedup-hedges`` is :mod:`._pubsub.hedge_dedup`.
 - :mod:`._store`: storage behind the :class:`Store` protocol (:mod:`._store.protocol`), which both stores
   subclass: in memory (:mod:`._store.memory`) or SQLite (:mod:`._store.sqlite`, its file's layout in
   :mod:`._store.sqlite_schema`, written by the group-commit thread of :mod:`._store.group_commit`), in a

@@ -111,6 +111,10 @@ class ScriptedTransport(Transport):
         """No connection to keep: the pool runs no upkeep timer for it (a virtual clock stays still)."""
         return False
 
+    async def wait_ready(self, timeout: float) -> bool:
+        """Whether the test made it :attr:`ready` (at once: nothing connects a scripted transport)."""
+        return self.ready
+
     async def probe(self, timeout: float) -> bool:
         """Answer a probe after :attr:`probe_delay` seconds, if that is within ``timeout``."""
         loop = asyncio.get_running_loop()

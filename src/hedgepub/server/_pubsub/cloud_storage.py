@@ -14,11 +14,25 @@ A file is closed once it holds ``max_messages`` messages or ``max_bytes`` bytes 
 the time of its first message in ``filename_datetime_format`` (default ``YYYY-MM-DDThh:mm:ssZ``, UTC), an
 underscore and a random UUID, then ``filename_suffix``.
 
-**Durability.** A file is written under a temporary name (in the bucket's ``.hedgepub-partial`` folder),
-then flushed, ``fsync``-ed and renamed to its final name, and the folder is ``fsync``-ed; only then are its
-messages acknowledged. A server killed at any point loses no acknowledged message: the messages of a
-file not yet renamed are still unacknowledged and are written again after the restart (the partial file
-is removed), so a message may appear twice, never zero times.
+**Durability.** A file is written under a temporary name (in the bucket's ``.hedgepub-partial`` folder,
+named by a digest of the subscription's full name, so that subscriptions of two projects with the same
+ID never touch each other's files), then flushed, ``fsync``-ed and renamed to its final name, and the
+folder is ``fsync``-ed; only then are its messages acknowledged. A server killed at any point loses no
+acknowledged message: the messages of a file not yet renamed are still unacknowledged and are written
+again after the restart (the partial file is removed), so a message may appear twice, never zero times.
+
+**Memory.** A message written to the open file leaves memory at once: its lease ends in memory only
+(:meth:`~.delivery.SubscriptionState.acknowledge`), the store still holds it unacknowledged, and the file
+keeps only its sequence number (8 bytes) until the file is durable and the sequences are acknowledged in
+the store. So the subscription holds its window of ready messages and one batch being written, whatever
+``max_bytes`` says; a file is closed early once it holds :data:`MAX_FILE_MESSAGES` messages.
+
+**Failures.** A write that fails (a full disk, a file system that refuses the name) drops the open file,
+temporary name and all, and makes the subscription read its unacknowledged backlog again from the store
+(:meth:`~.delivery.SubscriptionState.reset`), so the messages of the dropped file are written again; the
+writer tries again every :data:`RETRY_SECONDS` until a file succeeds. The first failure of a run is
+logged, the rest of the run is counted (``CloudStorageWriter.failures``), and a success after failures is
+logged as resumed.
 """
 
 from __future__ import annotations
@@ -26,10 +40,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import logging
 import os
 import re
 import uuid
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -48,6 +64,10 @@ logger = logging.getLogger("hedgepub.server")
 PARTIAL_FOLDER = ".hedgepub-partial"
 #: Leases of messages in an open file last this much longer than the file may stay open.
 LEASE_MARGIN_SECONDS = 60.0
+#: Most messages one file holds (their sequence numbers are kept until it is durable: 8 MB at most).
+MAX_FILE_MESSAGES = 1_000_000
+#: Seconds between attempts after a failed write.
+RETRY_SECONDS = 1.0
 
 AVRO_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -76,11 +96,18 @@ class ExportHost(Protocol):
     def export_state(self, subscription: str) -> SubscriptionState | None:
         """The delivery state while it is a live Cloud Storage subscription, else ``None``."""
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer`` (``ReceivedMessage`` list)."""
 
-    async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> Any:
-        """Acknowledge (durably)."""
+    async def acknowledge_released(self, state: SubscriptionState, sequences: Sequence[int]) -> None:
+        """Acknowledge in the store messages ``state`` let go of in memory (ServiceError once it is gone)."""
+
+
+def partial_prefix(subscription: str) -> str:
+    """What the temporary files of ``subscription`` (a full name) start with: a digest of the name, so
+    that it is unique across projects and short (a subscription ID may be 255 characters, a file name's
+    longest)."""
+    return hashlib.sha256(subscription.encode()).hexdigest()[:32]
 
 
 def file_name(storage: Any, when: datetime.datetime, unique: str) -> str:
@@ -93,18 +120,17 @@ def file_name(storage: Any, when: datetime.datetime, unique: str) -> str:
 class _OpenFile:
     """The file a writer is filling: its temporary path, what it holds, and the leases to acknowledge."""
 
-    def __init__(
-        self, bucket: Path, subscription_id: str, config: Any, opened: float, now_utc: datetime.datetime
-    ):
+    def __init__(self, bucket: Path, config: Any, opened: float, now_utc: datetime.datetime):
         self.unique = uuid.uuid4().hex
         partial = bucket / PARTIAL_FOLDER
         partial.mkdir(parents=True, exist_ok=True)
-        self.temporary = partial / f"{subscription_id}-{self.unique}"
+        self.temporary = partial / f"{partial_prefix(config.name)}-{self.unique}"
         self.final = bucket / file_name(config.cloud_storage_config, now_utc, self.unique)
         if not self.final.resolve().is_relative_to(bucket.resolve()):  # the checks at create forbid it
             raise ValueError(f"file name {self.final} is outside its bucket {bucket}")
         self.opened = opened
-        self.ack_ids: list[str] = []
+        #: Sequences of the messages written, to acknowledge in the store once the file is durable.
+        self.sequences = array("q")
         self.bytes = 0
         self._stream: IO[bytes] = open(self.temporary, "wb")  # noqa: SIM115 (closed in finish/abandon)
         storage = config.cloud_storage_config
@@ -117,7 +143,8 @@ class _OpenFile:
             schema = fastavro.parse_schema(AVRO_SCHEMA if self._metadata else _AVRO_DATA_ONLY)
             self._avro = fastavro.write.Writer(self._stream, schema)
 
-    def write(self, received: Any) -> None:
+    def write(self, received: Any, sequence: int) -> None:
+        """Append one delivered message (``ReceivedMessage``), the message of store sequence ``sequence``."""
         message = received.message
         data = bytes(message.data)
         if self._avro is None:
@@ -135,7 +162,7 @@ class _OpenFile:
                 )
             self._avro.write(record)
             self.bytes += len(data)
-        self.ack_ids.append(received.ack_id)
+        self.sequences.append(sequence)
 
     def finish(self) -> None:
         """Make the file durable under its final name (blocking: run in a thread)."""
@@ -154,7 +181,11 @@ class _OpenFile:
                 os.close(descriptor)
 
     def abandon(self) -> None:
-        self._stream.close()
+        """Drop the file, temporary name and all; never raises (it runs after a failed write)."""
+        # Closing flushes what the buffer holds, which fails again on a full disk; the descriptor is
+        # closed all the same.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.close()
         with contextlib.suppress(OSError):
             self.temporary.unlink()
 
@@ -169,9 +200,14 @@ class CloudStorageWriter:
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._file: _OpenFile | None = None
+        #: The delivery state the messages of the open file came from.
+        self._state: SubscriptionState | None = None
         #: Files written and messages acknowledged so far.
         self.files = 0
         self.written = 0
+        #: Attempts that failed (a full disk, say), and those of the current run of failures.
+        self.failures = 0
+        self._failing = 0
 
     def start(self) -> None:
         """Start the loop on the running event loop."""
@@ -179,24 +215,32 @@ class CloudStorageWriter:
             self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        """Stop; a file not yet finished is dropped (its messages stay unacknowledged)."""
+        """Stop; a file not yet finished is dropped (its messages stay unacknowledged, and a subscription
+        that lives on, as a pull subscription say, reads them again)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._file is not None:
-            self._file.abandon()
-            self._file = None
+        self._drop_file()
+
+    def _drop_file(self) -> None:
+        """Drop the open file, if any, and have its messages delivered again."""
+        current, self._file = self._file, None
+        if current is None:
+            return
+        current.abandon()
+        state = self._state
+        if current.sequences and state is not None and not state.deleted and not state.config.detached:
+            state.reset()  # they left memory when written: read the backlog again from the store
 
     def _bucket(self, config: Any) -> Path:
         return self.buckets_dir / config.cloud_storage_config.bucket
 
     def _remove_partial_files(self, config: Any) -> None:
         """Files a killed server left half written: their messages were never acknowledged."""
-        subscription_id = config.name.rsplit("/", 1)[-1]
         partial = self._bucket(config) / PARTIAL_FOLDER
         if partial.is_dir():
-            for path in partial.glob(f"{subscription_id}-*"):
+            for path in partial.glob(f"{partial_prefix(config.name)}-*"):
                 with contextlib.suppress(OSError):
                     path.unlink()
 
@@ -204,20 +248,45 @@ class CloudStorageWriter:
         state = self.host.export_state(self.subscription)
         if state is None:
             return
-        await asyncio.to_thread(self._remove_partial_files, state.config)
+        self._state = state
         consumer = Consumer(DEFAULT_MAX_DURATION_SECONDS + LEASE_MARGIN_SECONDS)
+        cleaned = False
         while True:
             try:
+                if not cleaned:
+                    await asyncio.to_thread(self._remove_partial_files, state.config)
+                    cleaned = True
                 if not await self._step(consumer):
                     return
-            except Exception:  # not CancelledError: stop() ends the loop
-                logger.exception(
-                    "Writing %s to Cloud Storage files failed; retrying in 1 s.", self.subscription
-                )
-                if self._file is not None:
-                    self._file.abandon()  # its leases run out and the messages come again
-                    self._file = None
-                await self._clock.sleep(1.0)
+            except Exception as error:  # not CancelledError: stop() ends the loop
+                self._failed(error)
+                self._drop_file()
+                # What the failed batch leased and did not write comes again now, not when its leases end.
+                live = self.host.export_state(self.subscription)
+                if live is state and state.leases:
+                    state.reset()
+                await self._clock.sleep(RETRY_SECONDS)
+
+    def _failed(self, error: Exception) -> None:
+        self.failures += 1
+        self._failing += 1
+        if self._failing > 1:
+            logger.debug("Writing %s to Cloud Storage files failed again: %s", self.subscription, error)
+            return
+        if isinstance(error, OSError):  # the disk's answer says it all
+            logger.error(
+                "Writing %s to Cloud Storage files failed: %s; the file is dropped, its messages stay "
+                "unacknowledged, and the writer tries again every %g s.",
+                self.subscription,
+                error,
+                RETRY_SECONDS,
+            )
+        else:
+            logger.exception(
+                "Writing %s to Cloud Storage files failed; retrying every %g s.",
+                self.subscription,
+                RETRY_SECONDS,
+            )
 
     async def _step(self, consumer: Consumer) -> bool:
         state = self.host.export_state(self.subscription)
@@ -231,21 +300,25 @@ class CloudStorageWriter:
         if current is not None and now - current.opened >= max_duration:
             await self._finish()
             return True
-        batch = self.host.lease(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+        batch = await self.host.lease(state, consumer, MAX_MESSAGES_PER_RESPONSE)
         if not batch:
             timeout = None if current is None else max(0.0, current.opened + max_duration - now)
             await state.wait_changed(timeout)
             return True
+        max_messages = min(storage.max_messages or MAX_FILE_MESSAGES, MAX_FILE_MESSAGES)
         for received in batch:
+            lease = state.leases.get(received.ack_id)
+            if lease is None:
+                continue  # taken back meanwhile (a Seek): it comes again
             if self._file is None:
-                bucket = self._bucket(state.config)
-                subscription_id = state.config.name.rsplit("/", 1)[-1]
                 utc = datetime.datetime.now(datetime.timezone.utc)
                 self._file = await asyncio.to_thread(
-                    _OpenFile, bucket, subscription_id, state.config, self._clock.now(), utc
+                    _OpenFile, self._bucket(state.config), state.config, self._clock.now(), utc
                 )
-            self._file.write(received)
-            full = (storage.max_messages and len(self._file.ack_ids) >= storage.max_messages) or (
+            self._file.write(received, lease.pending.sequence)
+            # Out of memory now; the store keeps it unacknowledged until the file is durable.
+            state.acknowledge((received.ack_id,))
+            full = len(self._file.sequences) >= max_messages or (
                 storage.max_bytes and self._file.bytes >= storage.max_bytes
             )
             if full:
@@ -254,23 +327,31 @@ class CloudStorageWriter:
 
     async def _finish(self) -> None:
         """Make the open file durable, then acknowledge its messages."""
-        current, self._file = self._file, None
-        if current is None:
+        current = self._file
+        state = self._state
+        if current is None or state is None:
             return
-        try:
-            await asyncio.to_thread(current.finish)
-        except BaseException:
-            current.abandon()
-            raise
+        await asyncio.to_thread(current.finish)  # on failure the file stays open, for _run to drop
+        self._file = None
         self.files += 1
+        if self._failing:
+            logger.warning(
+                "Writing %s to Cloud Storage files resumed after %d failed attempts.",
+                self.subscription,
+                self._failing,
+            )
+            self._failing = 0
         try:
-            await self.host.acknowledge(self.subscription, current.ack_ids)
+            await self.host.acknowledge_released(state, current.sequences)
         except ServiceError:  # deleted or detached meanwhile: the file stays, as the service's would
             return
-        self.written += len(current.ack_ids)
+        self.written += len(current.sequences)
 
     def __repr__(self) -> str:
-        return f"CloudStorageWriter({self.subscription!r}, files={self.files}, written={self.written})"
+        return (
+            f"CloudStorageWriter({self.subscription!r}, files={self.files}, written={self.written}, "
+            f"failures={self.failures})"
+        )
 
 
 class ExportDispatcher:

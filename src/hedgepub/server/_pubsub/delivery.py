@@ -15,7 +15,8 @@ subscription reads its backlog from the store only through the page source it is
   at the front of ``ready``. Deadlines are kept in one heap for all subscriptions
   (:class:`~.leases.Leasing`) and expired by a timer on the clock, so a lease runs out even when nobody
   pulls.
-- With message ordering, each ordering key's messages form a line (:class:`KeyLine`): several of them may
+- With message ordering, each ordering key's messages form a line (:class:`~.key_lines.KeyLine`, in
+  :mod:`.key_lines` with the steps on lines): several of them may
   be outstanding at once, always delivered in order, within a response and across responses, and all to
   one consumer (a stream, or the subscription's unary Pull calls together) while any is outstanding, so
   a client never holds two of a key on two streams. A push consumer holds one per key at a time. When a
@@ -45,6 +46,14 @@ from google.pubsub_v1.types import pubsub as pubsub_types
 
 from hedgepub._clock import TimerHandle
 from hedgepub.server._pubsub.filters import compile_filter
+from hedgepub.server._pubsub.key_lines import (
+    KeyLine,
+    end_in_line,
+    pop,
+    requeue,
+    settle,
+    take_back_after,
+)
 from hedgepub.server._pubsub.leases import (
     AttemptsSource,
     Consumer,
@@ -54,7 +63,6 @@ from hedgepub.server._pubsub.leases import (
     Pending,
     retry_delay,
 )
-from hedgepub.server._pubsub.transforms import TransformFailed, pipeline_for
 from hedgepub.server._store.batch import Batch
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
@@ -62,12 +70,12 @@ ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
 
 #: Largest Pull or StreamingPull response, in bytes: the official clients refuse responses over 4 MiB on
 #: the plain channel they open for ``PUBSUB_EMULATOR_HOST``. Each message is counted with its ack ID and
-#: an upper bound of its framing (``_FRAMING_BYTES``); the 64 KiB left over cover the response's other
+#: an upper bound of its framing (``FRAMING_BYTES``); the 64 KiB left over cover the response's other
 #: fields with room to spare. A single message larger than this still goes, alone in its response.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: Field tags and length prefixes around one message in a response (ReceivedMessage, its message field and
 #: delivery_attempt): 1 + 3 + 1 + 1 + 1 + 3 + 6 bytes at most for a message under 2 MiB; 16 rounds it up.
-_FRAMING_BYTES = 16
+FRAMING_BYTES = 16
 #: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
 DEFAULT_WINDOW = 500
 #: And their bytes at most (serialized size): a window of 500 messages of 10 MB would be 5 GB. A message
@@ -78,47 +86,6 @@ DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
 FAILED_TRANSFORM_RETRY_SECONDS = 1.0
 
 logger = logging.getLogger("hedgepub.server")
-
-
-class KeyLine:
-    """The messages of one ordering key on an ordered subscription, in publish order.
-
-    ``leased`` are delivered and outstanding (stale entries, whose leases ended, are dropped from its left
-    lazily), ``waiting`` are in memory and not delivered: every leased message comes before every waiting
-    one. ``holder`` is the consumer group the key's messages go to while ``outstanding`` > 0; ``blocked``
-    counts its messages backing off or being forwarded to the dead-letter topic (the key delivers nothing
-    meanwhile). ``in_ready`` / ``in_held``: where the line is queued for delivery, if anywhere.
-    """
-
-    __slots__ = (
-        "blocked",
-        "holder",
-        "in_held",
-        "in_ready",
-        "key",
-        "leased",
-        "more",
-        "outstanding",
-        "waiting",
-    )
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.waiting: deque[Pending] = deque()
-        self.leased: deque[Lease[SubscriptionState]] = deque()
-        self.outstanding = 0
-        self.holder: object | None = None
-        #: Whether the holder may take more of the key while some are outstanding (not a push consumer).
-        self.more = True
-        self.blocked = 0
-        self.in_ready = False
-        self.in_held: object | None = None
-
-    def __repr__(self) -> str:
-        return (
-            f"<KeyLine {self.key!r} waiting={len(self.waiting)} outstanding={self.outstanding} "
-            f"blocked={self.blocked}>"
-        )
 
 
 class SubscriptionState:
@@ -148,7 +115,7 @@ class SubscriptionState:
         self.config = config
         #: The subscription's filter (it cannot be updated): messages it refuses never enter the backlog.
         self.matches = compile_filter(config.filter)
-        self._leasing = leasing
+        self.leasing = leasing
         #: Put in the subscription's ack IDs: an ack ID of another subscription (or of an earlier one of
         #: the same name) is told apart from an unknown or expired one of this one.
         self.serial = leasing.new_serial()
@@ -157,7 +124,7 @@ class SubscriptionState:
         self.window = window
         self.window_bytes = window_bytes
         #: Messages counted by held() (ready, or waiting in their key's line), and their serialized bytes.
-        self._held = 0
+        self.held_count = 0
         self.held_bytes = 0
         self.ready: deque[Pending | KeyLine] = deque()
         self.leases: dict[str, Lease[SubscriptionState]] = {}
@@ -227,11 +194,11 @@ class SubscriptionState:
 
     def held(self) -> int:
         """Messages of the window in memory: ready, or waiting in their ordering key's line."""
-        return self._held
+        return self.held_count
 
     def _full(self) -> bool:
         """Whether the window holds as many messages, or as many bytes, as it may."""
-        held = self._held
+        held = self.held_count
         return held >= self.window or (held > 0 and self.held_bytes >= self.window_bytes)
 
     def _line_of(self, pending: Pending) -> KeyLine | None:
@@ -242,7 +209,7 @@ class SubscriptionState:
         return self.lines.get(key) if key else None
 
     def _place(self, pending: Pending) -> None:
-        self._held += 1
+        self.held_count += 1
         self.held_bytes += pending.size
         if self.ordered:
             key = pending.message.ordering_key
@@ -251,48 +218,9 @@ class SubscriptionState:
                 if line is None:
                     line = self.lines[key] = KeyLine(key)
                 line.waiting.append(pending)
-                self._settle(line)
+                settle(self, line)
                 return
         self.ready.append(pending)
-
-    def _settle(self, line: KeyLine, front: bool = False) -> None:
-        """Queue ``line`` where its state says it belongs: in ``ready`` (at its front with ``front``, for a
-        redelivery) when nobody holds it and it has a message to give, in its holder's ``held_lines`` when
-        the holder may take more of it, else nowhere (and forgotten once it has nothing left at all). A
-        line in ``ready`` stays there until taken."""
-        if line.in_ready:
-            return
-        deliverable = bool(line.waiting) and not line.blocked
-        if line.outstanding == 0:
-            line.holder = None
-            if line.in_held is not None:
-                self._unhold_line(line)
-            if deliverable:
-                if front:
-                    self.ready.appendleft(line)
-                else:
-                    self.ready.append(line)
-                line.in_ready = True
-            elif not line.waiting and not line.blocked:
-                del self.lines[line.key]
-            return
-        wanted = deliverable and line.more
-        if wanted and line.in_held is None:
-            holder = line.holder
-            queued = self.held_lines.get(holder)
-            if queued is None:
-                queued = self.held_lines[holder] = {}
-            queued[line] = None
-            line.in_held = holder
-        elif not wanted and line.in_held is not None:
-            self._unhold_line(line)
-
-    def _unhold_line(self, line: KeyLine) -> None:
-        queued = self.held_lines[line.in_held]
-        del queued[line]
-        if not queued:
-            del self.held_lines[line.in_held]
-        line.in_held = None
 
     def add(self, batch: Batch) -> list[int]:
         """A newly published batch, already durable: into the window if it fits, else left in the store.
@@ -332,7 +260,7 @@ class SubscriptionState:
 
     def refill(self) -> bool:
         """Read the next page of the backlog from the store into the window; whether anything came."""
-        room = self.window - self._held
+        room = self.window - self.held_count
         if not self.more or self._full() or self._pages is None:
             return False
         byte_room = max(1, self.window_bytes - self.held_bytes)
@@ -358,7 +286,7 @@ class SubscriptionState:
                     pending.attempts = counts.get(sequence, 0)
                 self._place(pending)
         if refused:
-            self._leasing.discard(self, refused)
+            self.leasing.discard(self, refused)
         # A page cut short by its bytes leaves more behind, as one cut short by its count may.
         self.more = len(page) >= room or sum(message.ByteSize() for _, message in page) >= byte_room
         return bool(page)
@@ -367,7 +295,7 @@ class SubscriptionState:
         """Messages in memory not yet acknowledged: ready, leased, backing off, waiting in their key's
         line, or being forwarded. Messages still only in the store (``more``) are not counted.
         """
-        return self._held + len(self.leases) + len(self.forwarding) + len(self.backing_off)
+        return self.held_count + len(self.leases) + len(self.forwarding) + len(self.backing_off)
 
     # ------------------------------------------------------------- leasing
     def _next(self, group: object) -> Pending | KeyLine | None:
@@ -385,37 +313,19 @@ class SubscriptionState:
                 return next(iter(held))
         return ready[0]
 
-    def _pop(self, item: Pending | KeyLine) -> Pending:
-        """Take ``item`` (from :meth:`_next`) out of the window: the message itself, or its line's next."""
-        if type(item) is KeyLine:
-            if item.in_ready:
-                self.ready.popleft()
-                item.in_ready = False
-            elif item.in_held is not None:
-                self._unhold_line(item)
-            pending = item.waiting.popleft()
-        else:
-            self.ready.popleft()
-            pending = item  # type: ignore[assignment]  # not a KeyLine: a Pending
-        self._held -= 1
-        self.held_bytes -= pending.size
-        return pending
-
     def take(self, consumer: Consumer, max_messages: int, oldest_kept: float) -> tuple[list[Any], list[int]]:
         """Lease up to ``max_messages`` ready messages to ``consumer``, within one response's size.
 
         Returns the ``ReceivedMessage`` list and the sequences to acknowledge in the store without
         delivering them: those past retention (published before ``oldest_kept``, in seconds since the
-        epoch) and those the subscription's message transforms filtered out. A message a transform fails
-        on is not delivered: it counts as a delivery attempt that ended unacknowledged (see
-        :meth:`_transform_failed`).
+        epoch). The messages are as stored: the caller applies the subscription's transforms to them
+        (see :meth:`transform_failed`, :meth:`give_back`).
         """
         group = consumer.group
         if self._next(group) is None:
             return [], []
-        leasing = self._leasing
+        leasing = self.leasing
         counted = self.config.HasField("dead_letter_policy")
-        pipeline = pipeline_for(self.config.message_transforms) if self.config.message_transforms else None
         deadline = leasing.clock.now() + consumer.ack_deadline
         out: list[Any] = []
         expired: list[int] = []
@@ -429,32 +339,17 @@ class SubscriptionState:
             # mypy does not narrow on type(item) is KeyLine: a line's next, else the Pending itself
             pending: Pending = item.waiting[0] if line is not None else item  # type: ignore[union-attr,assignment]
             if pending.message.publish_time.seconds < oldest_kept:
-                self._pop(item)
+                pop(self, item)
                 expired.append(pending.sequence)
                 if line is not None:
-                    self._settle(line)
+                    settle(self, line)
                 continue
-            message = pending.message
             size = pending.size
-            if pipeline is not None:
-                try:
-                    message = pipeline.apply(message)
-                except TransformFailed as failure:
-                    self._pop(item)
-                    self._transform_failed(pending, failure, line)
-                    continue
-                if message is None:  # filtered out: acknowledged, as a subscription's filter does
-                    self._pop(item)
-                    expired.append(pending.sequence)
-                    if line is not None:
-                        self._settle(line)
-                    continue
-                size = message.ByteSize()
             ack_id = leasing.new_ack_id(self.serial)
-            size += len(ack_id) + _FRAMING_BYTES
+            size += len(ack_id) + FRAMING_BYTES
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break
-            self._pop(item)
+            pop(self, item)
             pending.attempts += 1
             lease = Lease(ack_id, pending, consumer, deadline, self)
             self.leases[ack_id] = lease
@@ -468,11 +363,11 @@ class SubscriptionState:
                 line.outstanding += 1
                 line.holder = group
                 line.more = not consumer.one_per_key
-                self._settle(line)
+                settle(self, line)
             out.append(
                 ReceivedMessage(
                     ack_id=ack_id,
-                    message=message,
+                    message=pending.message,
                     delivery_attempt=pending.attempts if counted else 0,
                 )
             )
@@ -489,7 +384,7 @@ class SubscriptionState:
         holds again under the same ack ID (so it can be acknowledged, and is not delivered meanwhile).
         ``attempts``: the deliveries of the message so far, this lease's included. On an ordered
         subscription the lease holds its key: the key's later messages wait until it ends."""
-        leasing = self._leasing
+        leasing = self.leasing
         pending = Pending(sequence, message)
         pending.attempts = attempts
         consumer = Consumer(remaining, one_per_key=True)
@@ -512,58 +407,13 @@ class SubscriptionState:
             line.holder = consumer.group
             line.more = False
 
-    def _release_flow(self, lease: Lease[SubscriptionState]) -> None:
+    def release_flow(self, lease: Lease[SubscriptionState]) -> None:
+        """A lease ended: it is no longer live, nor counted against its consumer's flow control."""
         lease.active = False
-        self._leasing.live -= 1
+        self.leasing.live -= 1
         consumer = lease.consumer
         consumer.outstanding_messages -= 1
         consumer.outstanding_bytes -= lease.pending.size
-
-    def _end_in_line(self, line: KeyLine) -> None:
-        """One of ``line``'s leases ended (already released): count it, drop stale entries on the left."""
-        line.outstanding -= 1
-        leased = line.leased
-        while leased and not leased[0].active:
-            leased.popleft()
-
-    def _take_back_after(self, line: KeyLine, sequence: int) -> list[Pending]:
-        """End the outstanding leases of ``line`` after ``sequence`` (a redelivery of an earlier message of
-        the key comes first); their messages, in order, to be delivered again. Their deliveries were not
-        the client's to end, so they count no attempt (the service's count is 1 + nacks and deadlines)."""
-        leased = line.leased
-        back: list[Pending] = []
-        while leased and leased[-1].pending.sequence > sequence:
-            lease = leased.pop()
-            if not lease.active:
-                continue
-            del self.leases[lease.ack_id]
-            self._release_flow(lease)
-            line.outstanding -= 1
-            lease.pending.attempts -= 1
-            back.append(lease.pending)
-        while leased and not leased[0].active:
-            leased.popleft()
-        back.reverse()
-        if back and self._leasing.withdrawn is not None:
-            self._leasing.withdrawn(self, [pending.sequence for pending in back])
-        return back
-
-    def _requeue(self, line: KeyLine | None, first: Pending | None, after: list[Pending]) -> None:
-        """Back to the front of the window, in order: ``first`` (unless ``None``), then ``after``."""
-        returning = [first, *after] if first is not None else after
-        for pending in returning:
-            self._held += 1
-            self.held_bytes += pending.size
-        if line is None:
-            self.ready.extendleft(reversed(returning))
-            return
-        waiting = line.waiting
-        if not waiting or not returning or returning[-1].sequence < waiting[0].sequence:
-            waiting.extendleft(reversed(returning))
-        else:
-            # Leases restored after a restart (exactly-once) can be of later messages than some read
-            # since; merged by sequence, the key stays in order.
-            line.waiting = deque(sorted((*returning, *waiting), key=lambda pending: pending.sequence))
 
     def acknowledge(self, ack_ids: Iterable[str]) -> list[int]:
         """End the leases of ``ack_ids`` (unknown ones are ignored); the sequences acknowledged."""
@@ -573,41 +423,42 @@ class SubscriptionState:
             lease = leases.pop(ack_id, None)
             if lease is None:
                 continue
-            self._release_flow(lease)
+            self.release_flow(lease)
             done.append(lease.pending.sequence)
             line = self._line_of(lease.pending)
             if line is not None:
-                self._end_in_line(line)
-                self._settle(line)
+                end_in_line(line)
+                settle(self, line)
         if done:
             self.notify()
         return done
 
-    def nack(self, lease: Lease[SubscriptionState]) -> None:
+    def nack(self, lease: Lease[SubscriptionState], default_delay: float = 0.0) -> None:
         """A lease ended unacknowledged (nack or deadline): redeliver, or dead-letter if attempts ran out.
 
         On an ordered subscription the key's later outstanding messages are taken back too and delivered
-        again after it, unless it goes to the dead-letter topic."""
+        again after it, unless it goes to the dead-letter topic. ``default_delay``: the back-off when the
+        subscription has no retry policy."""
         del self.leases[lease.ack_id]
-        self._release_flow(lease)
+        self.release_flow(lease)
         pending = lease.pending
         line = self._line_of(pending)
         if line is not None:
-            self._end_in_line(line)
+            end_in_line(line)
         if self._dead_lettered(pending, line):
             return
-        after = self._take_back_after(line, pending.sequence) if line is not None else []
-        delay = retry_delay(self.retry_policy, pending.attempts)
+        after = take_back_after(self, line, pending.sequence) if line is not None else []
+        delay = retry_delay(self.retry_policy, pending.attempts) or default_delay
         if delay > 0:
             # The message itself comes back when its back-off ends; its key's later ones wait for it.
-            self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
+            self.backing_off[pending] = self.leasing.clock.call_later(delay, lambda: self._retry(pending))
             if line is not None:
                 line.blocked += 1
-                self._requeue(line, None, after)
+                requeue(self, line, None, after)
         else:
-            self._requeue(line, pending, after)
+            requeue(self, line, pending, after)
         if line is not None:
-            self._settle(line, front=True)
+            settle(self, line, front=True)
 
     def _dead_lettered(self, pending: Pending, line: KeyLine | None) -> bool:
         """An unacknowledged delivery attempt ended: with a dead-letter policy, record the attempt and, once
@@ -615,52 +466,66 @@ class SubscriptionState:
         policy = self.dead_letter_policy
         if policy is None:
             return False
-        if self._leasing.attempted is not None:
-            self._leasing.attempted(self, pending)
+        if self.leasing.attempted is not None:
+            self.leasing.attempted(self, pending)
         if pending.attempts < policy.max_delivery_attempts:
             return False
         self.forwarding.add(pending)
         if line is not None:
             line.blocked += 1
-            self._settle(line)
-        self._leasing.dead_letter(self, pending, policy.dead_letter_topic)
+            settle(self, line)
+        self.leasing.dead_letter(self, pending, policy.dead_letter_topic)
         return True
 
-    def _transform_failed(self, pending: Pending, failure: TransformFailed, line: KeyLine | None) -> None:
-        """A message the subscription's transforms fail on: one more delivery attempt, ended
-        unacknowledged. It goes to the dead-letter topic once the policy's attempts are spent; otherwise
-        it waits out the retry policy's back-off (:data:`FAILED_TRANSFORM_RETRY_SECONDS` without one, so
-        that a UDF that always fails does not spin) and is tried again. Its key waits meanwhile."""
-        pending.attempts += 1
+    def transform_failed(self, lease: Lease[SubscriptionState], failure: Exception) -> None:
+        """The subscription's transforms failed on a leased message before it was handed out: the delivery
+        attempt ends unacknowledged, as a nack (dead letter once the policy's attempts are spent; on an
+        ordered subscription the key's later messages come back after it), waiting out the retry policy's
+        back-off, :data:`FAILED_TRANSFORM_RETRY_SECONDS` without one (a UDF that always fails does not
+        spin)."""
         logger.warning(
             "Message %s of %s not delivered (attempt %d): %s",
-            pending.message.message_id,
+            lease.pending.message.message_id,
             self.name,
-            pending.attempts,
+            lease.pending.attempts,
             failure,
         )
-        if self._dead_lettered(pending, line):
-            return
-        delay = retry_delay(self.retry_policy, pending.attempts) or FAILED_TRANSFORM_RETRY_SECONDS
-        self.backing_off[pending] = self._leasing.clock.call_later(delay, lambda: self._retry(pending))
-        if line is not None:
-            line.blocked += 1
-            self._settle(line)
+        self.nack(lease, FAILED_TRANSFORM_RETRY_SECONDS)
+        self.notify()
+
+    def give_back(self, leases: Sequence[Lease[SubscriptionState]]) -> None:
+        """Leases made but not handed out (the tail of a response: their transforms did not run, or it
+        would be too large): ended counting no attempt, their messages back at the front in order."""
+        for lease in reversed(leases):
+            if self.leases.pop(lease.ack_id, None) is None:
+                continue
+            self.release_flow(lease)
+            pending = lease.pending
+            pending.attempts -= 1
+            line = self._line_of(pending)
+            if line is not None:
+                end_in_line(line)
+                after = take_back_after(self, line, pending.sequence)
+                requeue(self, line, pending, after)
+                settle(self, line, front=True)
+            else:
+                requeue(self, None, pending, [])
+        self.notify()
 
     def _retry(self, pending: Pending) -> None:
         """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""
         if self.backing_off.pop(pending, None) is None or self.deleted:
             return
         line = self._line_of(pending)
-        self._requeue(line, pending, [])
+        requeue(self, line, pending, [])
         if line is not None:
             line.blocked -= 1
-            self._settle(line, front=True)
+            settle(self, line, front=True)
         self.notify()
 
     def modify(self, ack_ids: Iterable[str], seconds: int) -> None:
         """ModifyAckDeadline: 0 is a nack; otherwise the lease runs ``seconds`` from now."""
-        leasing = self._leasing
+        leasing = self.leasing
         now = leasing.clock.now()
         nacked = False
         for ack_id in ack_ids:
@@ -687,13 +552,13 @@ class SubscriptionState:
         if ok:
             if line is not None:
                 line.blocked -= 1
-                self._settle(line)
+                settle(self, line)
         else:
-            after = self._take_back_after(line, pending.sequence) if line is not None else []
-            self._requeue(line, pending, after)
+            after = take_back_after(self, line, pending.sequence) if line is not None else []
+            requeue(self, line, pending, after)
             if line is not None:
                 line.blocked -= 1
-                self._settle(line, front=True)
+                settle(self, line, front=True)
         self.notify()
 
     def drain(self) -> list[Pending]:
@@ -702,7 +567,7 @@ class SubscriptionState:
         for line in self.lines.values():
             dropped.extend(line.waiting)
         for lease in self.leases.values():
-            self._release_flow(lease)
+            self.release_flow(lease)
             dropped.append(lease.pending)
         for pending, timer in self.backing_off.items():
             timer.cancel()
@@ -712,7 +577,7 @@ class SubscriptionState:
         self.leases.clear()
         self.lines.clear()
         self.held_lines.clear()
-        self._held = 0
+        self.held_count = 0
         self.held_bytes = 0
         return dropped  # type: ignore[return-value]  # KeyLines were left out: Pendings only
 

@@ -35,7 +35,22 @@ DEFAULT_DATETIME_FORMAT = "YYYY-MM-DDThh:mm:ssZ"
 #: What a ``filename_datetime_format`` may hold: the fields YYYY, MM, DD, hh, mm and ss, and separators
 #: between them.
 _DATETIME_FORMAT = re.compile(r"(?:YYYY|MM|DD|hh|mm|ss|[-_:/T Z+.])+")
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]")
+#: Cloud Storage's bucket names: lowercase letters, digits, '-', '_' and '.', starting and ending with a
+#: letter or digit; 3 to 63 characters, or up to 222 with dots, each dot-separated part 63 at most.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")
+_BUCKET_PART = re.compile(r"[a-z0-9_-]{1,63}")
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+#: "google" and its close misspellings (0 for o, 1 or i for l, a third o, "googel"), which bucket names
+#: may not contain.
+_GOOGLE = re.compile(r"g[o0]{2,3}g[l1i]e|g[o0]{2}gel")
+#: Cloud Storage's longest object name, in bytes of UTF-8.
+MAX_OBJECT_NAME_BYTES = 1024
+#: What a file name adds to the prefix, the datetime and the suffix: '_' and a UUID of 32 hex digits.
+UNIQUE_PART_BYTES = 33
+#: The longest name of one folder or file on the file systems the buckets directory may be on.
+MAX_PATH_PART_BYTES = 255
+#: Object names Cloud Storage refuses to begin with.
+_RESERVED_OBJECT_PREFIX = ".well-known/acme-challenge/"
 _BIGQUERY_TABLE = re.compile(r"[A-Za-z0-9.:-]{1,128}\.[A-Za-z0-9_]{1,1024}\.[\w$-]{1,1024}", re.UNICODE)
 _BIGTABLE_TABLE = re.compile(
     r"projects/[a-z0-9:.\-]{1,128}/instances/[a-z][a-z0-9\-]{4,31}[a-z0-9]/tables/[\w\-.]{1,50}"
@@ -88,20 +103,40 @@ def check_exports(config: Any, buckets: bool) -> None:
     )
 
 
-def check_cloud_storage(storage: Any) -> None:
-    """A ``CloudStorageConfig``: bucket, file names, batch bounds; defaults filled in."""
-    bucket = storage.bucket
+def check_bucket(bucket: str) -> None:
+    """A bucket's name, by Cloud Storage's naming rules (INVALID_ARGUMENT naming the rule it breaks)."""
     if not bucket:
         raise invalid("Invalid cloud_storage_config: bucket is required.")
-    if "://" in bucket or not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise invalid(
-            f"Invalid cloud_storage_config.bucket ({bucket}): give the bucket's name alone, without a "
-            "prefix such as gs://; bucket names are 3 to 63 lowercase letters, digits, dashes, "
-            "underscores and dots, starting and ending with a letter or digit."
+
+    def refuse(why: str) -> ServiceError:
+        return invalid(f"Invalid cloud_storage_config.bucket ({bucket}): {why}")
+
+    if "://" in bucket:
+        raise refuse("give the bucket's name alone, without a prefix such as gs://.")
+    parts = bucket.split(".")
+    if (
+        not _BUCKET.fullmatch(bucket)
+        or not all(_BUCKET_PART.fullmatch(part) for part in parts)
+        or (len(parts) == 1 and len(bucket) > 63)
+    ):
+        raise refuse(
+            "bucket names are 3 to 63 lowercase letters, digits, dashes, underscores and dots (up to 222 "
+            "with dots, each dot-separated part 63 at most), starting and ending with a letter or digit."
         )
+    if _IPV4.fullmatch(bucket):
+        raise refuse("a bucket name cannot be an IP address in dotted-decimal notation.")
+    if bucket.startswith("goog"):
+        raise refuse("a bucket name cannot begin with 'goog'.")
+    if _GOOGLE.search(bucket):
+        raise refuse("a bucket name cannot contain 'google' or a close misspelling of it.")
+
+
+def check_file_names(storage: Any) -> None:
+    """The parts of a ``CloudStorageConfig``'s file names: each a valid object name part, and the names
+    they make within Cloud Storage's 1,024 bytes and the file system's 255 bytes per folder or file."""
     for field in ("filename_prefix", "filename_suffix", "filename_datetime_format"):
         value = getattr(storage, field)
-        if len(value.encode()) > 512 or any(character in value for character in "\r\n\0"):
+        if any(character in value for character in "\r\n\0"):
             raise invalid(f"Invalid cloud_storage_config.{field} ({value!r}): not a valid object name part.")
         # The bucket is a folder here: no part of a file's name may climb out of it.
         if any(part in ("..", ".") for part in value.split("/")) or value.startswith("/"):
@@ -114,12 +149,44 @@ def check_cloud_storage(storage: Any) -> None:
             f"Invalid cloud_storage_config.filename_suffix ({storage.filename_suffix}): it must not end "
             "in '/'."
         )
+    prefix = storage.filename_prefix
+    if prefix.startswith(_RESERVED_OBJECT_PREFIX):
+        raise invalid(
+            f"Invalid cloud_storage_config.filename_prefix ({prefix!r}): object names cannot begin with "
+            f"{_RESERVED_OBJECT_PREFIX}."
+        )
+    # A datetime field is as long as its digits (YYYY: 4, the others: 2): the format's length is the
+    # datetime's. What a name looks like, with the unique part as long as it will be:
+    shape = (
+        f"{prefix}{storage.filename_datetime_format or DEFAULT_DATETIME_FORMAT}_{'0' * 32}"
+        f"{storage.filename_suffix}"
+    ).encode()
+    if len(shape) > MAX_OBJECT_NAME_BYTES:
+        raise invalid(
+            f"Invalid cloud_storage_config: its file names would be {len(shape)} bytes, over Cloud "
+            f"Storage's {MAX_OBJECT_NAME_BYTES} bytes for an object name (filename_prefix, the datetime in "
+            f"filename_datetime_format and filename_suffix, with the {UNIQUE_PART_BYTES} bytes of '_' and a "
+            "UUID between them)."
+        )
+    longest = max(len(part) for part in shape.split(b"/"))
+    if longest > MAX_PATH_PART_BYTES:
+        raise invalid(
+            f"Invalid cloud_storage_config: a folder or file of its file names would be {longest} bytes "
+            f"between two '/', over the {MAX_PATH_PART_BYTES} bytes a file system allows for one name (this "
+            "server writes buckets as folders: put a '/' in filename_prefix to split it)."
+        )
+
+
+def check_cloud_storage(storage: Any) -> None:
+    """A ``CloudStorageConfig``: bucket, file names, batch bounds; defaults filled in."""
+    check_bucket(storage.bucket)
     datetime_format = storage.filename_datetime_format
     if datetime_format and not _DATETIME_FORMAT.fullmatch(datetime_format):
         raise invalid(
             f"Invalid cloud_storage_config.filename_datetime_format ({datetime_format}): use YYYY, MM, "
             "DD, hh, mm and ss, separated by '-', '_', ':', '/', 'T', 'Z', '+', '.' or spaces."
         )
+    check_file_names(storage)
     if storage.HasField("max_duration"):
         duration = limits.seconds(storage.max_duration)
         if not MIN_MAX_DURATION_SECONDS <= duration <= MAX_MAX_DURATION_SECONDS:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Literal
 
-__all__ = ["LABEL_VARIABLE", "KernelNetwork", "client_ports", "default_label", "unavailable_reason"]
+__all__ = [
+    "LABEL_VARIABLE",
+    "KernelNetwork",
+    "bytes_sent_by_client_port",
+    "client_ports",
+    "default_label",
+    "unavailable_reason",
+]
 
 Direction = Literal["both", "up", "down"]
 #: The line ``hedgepub serve`` prints first, followed by its address.
@@ -132,6 +140,28 @@ def client_ports(server_port: int, pid: int | str = "self") -> list[int]:
     return [port for _inode, port in sorted(found)]
 
 
+_SS_SOCKET = re.compile(r"^\S+\s+\S+\s+\S+:(\d+)\s+\S+:(\d+)\s*$")
+_SS_BYTES = re.compile(r"\bbytes_acked:(\d+)")
+
+
+def bytes_sent_by_client_port(server_port: int) -> dict[int, int]:
+    """Bytes each established connection to ``server_port`` in this network namespace has had acked,
+    by client port (``ss -tin``): the busiest one is the one a publisher's originals ride."""
+    listing = _checked(["ss", "-tinH", "state", "established", "dport", "=", f":{server_port}"])
+    found: dict[int, int] = {}
+    port: int | None = None
+    for line in listing.splitlines():
+        match = _SS_SOCKET.match(line)
+        if match is not None:
+            port = int(match.group(1))
+            found[port] = 0
+            continue
+        acked = _SS_BYTES.search(line)
+        if acked is not None and port is not None:
+            found[port] = int(acked.group(1))
+    return found
+
+
 class KernelNetwork:
     """A private network namespace whose loopback loses packets as told (Linux, root).
 
@@ -150,6 +180,17 @@ class KernelNetwork:
         self._timers: list[threading.Timer] = []
         self._lock = threading.Lock()
         self._started = False
+        self._joined = False
+
+    @classmethod
+    def joined(cls, name: str) -> KernelNetwork:
+        """The existing namespace ``name`` (made by another :class:`KernelNetwork`, which deletes it), for
+        a process running inside it: its faults can be set here, and :meth:`close` removes the rules and
+        processes this object made, not the namespace."""
+        network = cls()
+        network.name = name
+        network._started = network._joined = True
+        return network
 
     # lifecycle ----------------------------------------------------------------------------------------
 
@@ -183,6 +224,12 @@ class KernelNetwork:
                 process.kill()
                 process.wait(10)
         self._processes.clear()
+        if self._joined:
+            with self._lock:
+                rules, self._rules = self._rules, {}
+            for spec in rules.values():
+                _run(self.command(["iptables", "-D", *spec]))
+            self._started = False
         if self._started:
             _run(["ip", "netns", "delete", self.name])
             self._started = False
