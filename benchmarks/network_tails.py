@@ -14,7 +14,8 @@ per round):
 
 Faults (``--fault``, repeatable): ``loss:P`` (each packet or segment lost with probability P, both ways,
 from the start), ``blackhole:S`` (the connection carrying the originals black-holed for S seconds, a
-quarter of the way into the measured period) and ``syn:P`` (connection-opening packets lost with
+quarter of the way into the measured period: the busiest one, by bytes sent, since the sockets' order
+does not say which connection of the pool is which) and ``syn:P`` (connection-opening packets lost with
 probability P, from the start; no warm-up, so the first publishes need a connection).
 
 Each run warms up first (unless ``syn``): 500 publishes, which fill the token bucket (50 tokens, 0.1 per
@@ -107,7 +108,12 @@ async def _measure(arguments: argparse.Namespace) -> dict[str, Any]:
         print("measuring", flush=True)  # the kernel mode's parent black-holes from here
         if kind == "blackhole" and relays:
             delay = arguments.count / arguments.rate / 4
-            loop.call_later(delay, lambda: relays[0].blackhole(amount, connections=0))
+            def hole() -> None:  # the busiest connection: the one the originals ride
+                live = [info for info in relays[0].connections if not info.closed]
+                if live:
+                    relays[0].blackhole(amount, connections=max(live, key=lambda i: i.bytes_up).index)
+
+            loop.call_later(delay, hole)
 
         async def one() -> None:
             started = loop.time()
@@ -190,12 +196,11 @@ def _run_one(arguments: argparse.Namespace, network: Any, publisher: str, fault:
     for line in process.stdout:
         if line.strip() == "measuring":
             if network is not None and kind == "blackhole":
-                from hedgepub.testing.network.kernel import client_ports
 
-                def hole(pid: int = process.pid) -> None:
-                    ports = client_ports(port, pid)
-                    if ports:
-                        network.blackhole(ports[0], seconds=float(value))
+                def hole() -> None:  # the connection the originals ride: the busiest, whatever its age
+                    busiest = network.busiest_client_port(port)
+                    if busiest is not None:
+                        network.blackhole(busiest, seconds=float(value))
 
                 timer = threading.Timer(arguments.count / arguments.rate / 4, hole)
                 timer.start()
