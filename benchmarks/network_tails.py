@@ -108,6 +108,7 @@ async def _measure(arguments: argparse.Namespace) -> dict[str, Any]:
         print("measuring", flush=True)  # the kernel mode's parent black-holes from here
         if kind == "blackhole" and relays:
             delay = arguments.count / arguments.rate / 4
+
             def hole() -> None:  # the busiest connection: the one the originals ride
                 live = [info for info in relays[0].connections if not info.closed]
                 if live:
