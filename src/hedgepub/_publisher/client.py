@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, ClassVar
 
 from hedgepub._clock import DEFAULT_CLOCK, Clock
@@ -239,17 +239,62 @@ class AsyncPublisherClient(_ClientFacade):
     """
 
     _sync_futures = False
+    #: Whether :meth:`_use_plain` has run (on the loop the client is bound to).
+    _plain_checked = False
 
-    async def publish(self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any) -> str:
-        """Publish one message and return its message ID once its batch is published.
+    def publish(
+        self, topic: str, data: bytes, ordering_key: str = "", **attributes: Any
+    ) -> Coroutine[Any, Any, str]:
+        """Publish one message; ``await`` the result for its message ID, once its batch is published.
+
+        Called on the client's event loop, the message goes into its batch at once, and what comes back
+        is the message's future (an ``asyncio.Future`` that is a coroutine too): ``await`` it, hand many
+        to ``asyncio.gather`` (which takes futures as they are: no task per message), or to
+        ``asyncio.create_task`` or a ``TaskGroup``. Called with no loop running (as in
+        ``asyncio.run(publisher.publish(...))``), or with flow control on (which may have to wait for
+        room), it is a coroutine that publishes when it runs. Either way the errors below are raised
+        where the result is awaited.
 
         Raises:
             TypeError: ``data`` is not bytes, or an attribute value is not text.
             ValueError: an ordering key without message ordering, or a message too large for a request.
-            RuntimeError: the publisher has been shut down.
+            RuntimeError: the publisher has been shut down, or is used from a second event loop.
             FlowControlLimitError: flow control is set to ERROR and a limit would be passed.
             PublishError: the publish failed (RpcError, PublishTimeoutError, OrderingKeyPausedError, ...).
         """
+        return self._publish_any(topic, data, ordering_key, attributes)
+
+    def _publish_any(self, topic: str, data: bytes, ordering_key: str, attributes: dict[str, Any]) -> Any:
+        """:meth:`publish` for any message; on first use on a loop, make ``publish`` the core's plain
+        function (:meth:`~hedgepub._publisher.core._PublisherCore.plain_publish`) where it may be."""
+        core = self._core
+        if not core.flow.enabled:
+            loop = asyncio._get_running_loop()  # None, not an error, outside a loop
+            if loop is not None:
+                try:
+                    if core._loop is not loop or not self._plain_checked:
+                        core.bind_running_loop()
+                        self._use_plain(loop)
+                    message, size, framed = core.prepare(topic, data, ordering_key, attributes)
+                    future = core.add(topic, data, ordering_key, message, size, framed)
+                except Exception as error:  # raised where it is awaited, as from a coroutine
+                    return _raising(error)
+                return future
+        return self._publish_when_run(topic, data, ordering_key, attributes)
+
+    def _use_plain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Once bound to ``loop``: ``publish`` becomes the core's plain function, which puts a message of
+        data alone into its batch in one call, if the core is plain (no flow control, no idempotency
+        keys), untraced, and ``loop`` an asyncio ``BaseEventLoop`` (whose thread it checks)."""
+        self._plain_checked = True
+        core = self._core
+        if core.plain and core.telemetry is None and isinstance(loop, asyncio.BaseEventLoop):
+            self.publish = core.plain_publish(self._publish_any, loop)  # type: ignore[method-assign]  # on this instance only
+
+    async def _publish_when_run(
+        self, topic: str, data: bytes, ordering_key: str, attributes: dict[str, Any]
+    ) -> str:
+        """:meth:`publish` as a coroutine: no loop was running, or flow control may have to wait."""
         core = self._core
         core.bind_running_loop()
         message, size, framed = core.prepare(topic, data, ordering_key, attributes)
@@ -258,7 +303,8 @@ class AsyncPublisherClient(_ClientFacade):
             future = core.add_admitted(topic, data, ordering_key, message, size, framed)
         else:
             future = core.add(topic, data, ordering_key, message, size, framed)
-        return await future
+        message_id: str = await future
+        return message_id
 
     async def publish_many(self, topic: str, messages: Iterable[Any], ordering_key: str = "") -> list[str]:
         """Publish many messages at once; return their message IDs, in order, once all are published.
@@ -318,6 +364,12 @@ class AsyncPublisherClient(_ClientFacade):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.shutdown()
+
+
+async def _raising(error: Exception) -> str:
+    """A coroutine that raises ``error`` (what :meth:`AsyncPublisherClient.publish` returns for a message
+    it refused, so that the error is raised where the result is awaited)."""
+    raise error
 
 
 class _Keepalive:
@@ -514,9 +566,12 @@ _SYNC_CLIENTS: weakref.WeakSet[PublisherClient] = weakref.WeakSet()
 #: Why a forked child may not publish with a client whose gRPC channel was open at the fork.
 FORK_REFUSAL = (
     "this PublisherClient had connected (published) before os.fork(): gRPC cannot go on in a child "
-    "forked from a process with open channels. Create the client in the child, or create it before the "
-    "fork but publish only after it (gunicorn --preload, multiprocessing and Celery prefork pools work "
-    "that way), or shut it down before forking"
+    "forked while a channel was open, and a new client made in this child would hang or crash in gRPC "
+    "as well (GRPC_ENABLE_FORK_SUPPORT does not cover the asyncio channels hedgepub uses). Publish from a "
+    "process that is no such fork: start workers with multiprocessing's 'spawn' or 'forkserver' method "
+    "(multiprocessing.get_context('spawn')), or fork before the first publish (create the client before "
+    "the fork, publish only after it: gunicorn --preload and prefork pools forked at start work that "
+    "way), or shut every client down before forking (a client made in the child then works)"
 )
 
 

@@ -50,7 +50,7 @@ from hedgepub._publisher.bulk import CoreBulk
 from hedgepub._publisher.closing import ClientState, CoreClosing
 from hedgepub._publisher.flow_control import FlowController
 from hedgepub._publisher.forwarding import CoreForwarding
-from hedgepub._publisher.futures import BatchFuture, resolve_batch
+from hedgepub._publisher.futures import AsyncPublishFuture, BatchFuture, resolve_batch
 from hedgepub._publisher.messages import MessagePreparer
 from hedgepub._publisher.observer import BatchObserver
 from hedgepub._publisher.routes import EndpointRoutes
@@ -145,8 +145,8 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         self._id_prefix = id_prefix
         self.telemetry = telemetry
         self._messages = messages
-        #: Whether :meth:`sync_publish` may take messages without attributes or ordering key in one call.
-        self.plain = sync_futures and not flow.enabled and messages.idempotency_attribute is None
+        #: Whether :meth:`plain_publish` may take messages without attributes or ordering key in one call.
+        self.plain = not flow.enabled and messages.idempotency_attribute is None
         self._batch_numbers = itertools.count()
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
@@ -199,15 +199,8 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         return self.add(topic, data, ordering_key, message, size, framed)
 
     def sync_publish(self) -> Callable[..., Any]:
-        """The sync client's ``publish(topic, data, ordering_key="", **attributes)`` for this core.
-
-        For a core whose ``plain`` is true (sync futures, no flow control, no idempotency keys), a message
-        of data alone (no attributes, no ordering key) below 16 KiB goes into the publishing thread's open
-        batch within this one call: it is ``publish``, ``prepare``, ``add``, ``_append`` and ``_put`` in
-        one, with the settings it reads bound once (at about a hundred thousand messages a second, each
-        Python call saved is a few percent). Anything else, and a message that finds no open batch with
-        room, takes :meth:`publish_blocking`, having changed nothing.
-        """
+        """The sync client's ``publish(topic, data, ordering_key="", **attributes)`` for this core: the
+        plain one (:meth:`plain_publish`) if the core is :attr:`plain`, else :meth:`publish_blocking`."""
         slow = self.publish_blocking
         if not self.plain:
 
@@ -215,6 +208,24 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
                 return slow(topic, data, ordering_key, attributes)
 
             return publish_any
+        return self.plain_publish(slow)
+
+    def plain_publish(
+        self,
+        slow: Callable[[str, bytes, str, dict[str, Any]], Any],
+        loop: asyncio.BaseEventLoop | None = None,
+    ) -> Callable[..., Any]:
+        """``publish(topic, data, ordering_key="", **attributes)`` for a core whose :attr:`plain` is true
+        (no flow control, no idempotency keys): the sync client's (``loop`` None), or the async client's on
+        ``loop``, a ``BaseEventLoop`` the core is bound to.
+
+        A message of data alone (no attributes, no ordering key) below 16 KiB goes into the publishing
+        thread's open batch within this one call: it is ``publish``, ``prepare``, ``add``, ``_append`` and
+        ``_put`` in one, with the settings it reads bound once (at about a hundred thousand messages a
+        second, each Python call saved is a few percent). Anything else, a message that finds no open
+        batch with room, and (async) a call while ``loop`` is not running in this thread, takes
+        ``slow(topic, data, ordering_key, attributes)``, having changed nothing.
+        """
         core = self
         client_open, batch_open = ClientState.OPEN, BatchState.OPEN
         max_bytes, max_messages = self._max_bytes, self._max_messages
@@ -226,6 +237,9 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
                 or core.state is not client_open
                 or type(data) is not bytes
                 or type(topic) is not str
+                # The async client's loop runs in this thread exactly when its _thread_id is this thread's:
+                # a check without the getpid() that asyncio.get_running_loop() makes on every call.
+                or (loop is not None and loop._thread_id != get_ident())  # type: ignore[attr-defined]
             ):
                 return slow(topic, data, ordering_key, attributes)
             # The message's size on the wire (field tag, length, data) and framed in the request: a payload
@@ -241,15 +255,18 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
             batch = core._open.get((topic, "", get_ident()))
             if batch is None:
                 return slow(topic, data, ordering_key, attributes)
+            future: Any = None
             lock = batch.lock
             lock.acquire()
             try:
-                if batch.state is not batch_open or batch.byte_size + framed > max_bytes:
-                    future = None
-                else:
+                if batch.state is batch_open and batch.byte_size + framed <= max_bytes:
                     batch.plain.append(data)
                     batch.byte_size += framed
-                    future = BatchFuture(batch.condition)  # type: ignore[arg-type]  # a sync client's batch has one
+                    future = (
+                        BatchFuture(batch.condition)  # type: ignore[arg-type]  # a sync client's batch has one
+                        if loop is None
+                        else AsyncPublishFuture(loop=loop)
+                    )
                     futures = batch.futures
                     futures.append(future)
                     if len(futures) < max_messages and batch.byte_size < max_bytes:
@@ -305,7 +322,7 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         if self.sync_futures:
             future: Any = BatchFuture(batch.condition)  # type: ignore[arg-type]  # sync_futures: it has one
         else:
-            future = self._loop.create_future()  # type: ignore[union-attr]  # bound before any publish
+            future = AsyncPublishFuture(loop=self._loop)  # bound before any publish
         batch.futures.append(future)
         return future
 
@@ -404,8 +421,9 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
 
     def _paused_future(self, ordering_key: str) -> Any:
         error = OrderingKeyPausedError(ordering_key)
-        # The loop is bound before any publish.
-        future: Any = concurrent.futures.Future() if self.sync_futures else self._loop.create_future()  # type: ignore[union-attr]
+        future: Any = (
+            concurrent.futures.Future() if self.sync_futures else AsyncPublishFuture(loop=self._loop)
+        )  # the loop is bound before any publish
         future.set_exception(error)
         self.stats_recorder.record_failed(1)
         return future
