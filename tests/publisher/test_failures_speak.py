@@ -113,10 +113,13 @@ def test_a_server_answering_errors_is_reachable_and_logs_each_attempt_at_debug(
     caplog.set_level(logging.DEBUG, logger="hedgepub")
     with AdminClient(server.address) as admin:
         admin.create_topic(TOPIC)
-    server.faults.set("Publish", "error=UNAVAILABLE:100%")
-    # 3 s: several attempts even on a busy machine.
+    # 3 s of retries: several attempts even on a busy machine, as the connection is open already (on a
+    # loaded machine opening it could take most of the deadline, leaving one attempt).
     retry = RetrySettings(initial_retry_delay=0.01, max_retry_delay=0.05, total_timeout=3)
     with PublisherClient(retry_settings=retry) as publisher:
+        publisher.publish(TOPIC, b"connected").result(timeout=30)
+        caplog.clear()
+        server.faults.set("Publish", "error=UNAVAILABLE:100%")
         error = publisher.publish(TOPIC, b"refused").exception(timeout=30)
         assert publisher.stats().endpoints[server.address].reachable is True
     assert "UNAVAILABLE" in str(error) and TOPIC in str(error) and server.address in str(error)
