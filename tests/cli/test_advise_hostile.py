@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hedgepub.bench import load_latencies
+from hedgepub.bench._latencies import MAX_BUCKETS, MAX_JSON_BYTES
 
 
 def _bench(sent: list[object], latencies: list[object]) -> str:
@@ -53,6 +56,44 @@ HOSTILE = {
     ),
     "wrong-types": ("export.json", json.dumps({"timeSeries": [5]}), "JSON object"),
 }
+
+
+_PEAK_RSS = (
+    "import resource, sys\n"
+    "from hedgepub.bench import load_latencies\n"
+    "if sys.argv[1:]:\n"
+    "    print(len(load_latencies(sys.argv[1]).latencies_s))\n"
+    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+)
+
+
+def _peak_rss(*args: str) -> list[int]:
+    """What a fresh interpreter printed reading ``args`` with load_latencies, then its peak RSS (bytes)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, *args], capture_output=True, text=True, check=True
+    )
+    return [int(line) for line in done.stdout.split()]
+
+
+def test_a_large_export_is_read_in_a_few_times_its_size(tmp_path: Path) -> None:
+    # Bucket counts are int64 strings in an export: parsed as a list of strings, they took 14 times the
+    # export's size (a 30 MiB one of 6 million counts peaked 460 MiB above the interpreter's start).
+    # An eighth of the size limit here, for the test's time.
+    buckets = MAX_BUCKETS - 2
+    counts = ",".join(f'"{10 + index % 89}"' for index in range(buckets + 2))
+    options = json.dumps(
+        {"exponentialBuckets": {"numFiniteBuckets": buckets, "growthFactor": 1.0001, "scale": 100}}
+    )
+    point = f'{{"value":{{"distributionValue":{{"bucketOptions":{options},"bucketCounts":[{counts}]}}}}}}'
+    points = MAX_JSON_BYTES // 8 // (len(point) + 1)
+    export = tmp_path / "export.json"
+    export.write_text(f'{{"timeSeries":[{{"unit":"us","points":[{",".join([point] * points)}]}}]}}')
+    size = export.stat().st_size
+    assert MAX_JSON_BYTES / 10 < size <= MAX_JSON_BYTES / 8
+    [start] = _peak_rss()
+    samples, peak = _peak_rss(str(export))
+    assert samples == 20_000
+    assert peak - start < 5 * size, (peak - start) / size
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
