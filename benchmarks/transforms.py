@@ -7,7 +7,10 @@ alike), each printing medians with [min-max] over the rounds and the load averag
    one message, through hedgepub's transform pipeline on QuickJS (``quickjs``, the engine the server
    uses) and, when ``mini-racer`` is installed, the same UDF and JSON hand-over through V8
    (``py_mini_racer``), the other candidate: microseconds per message, of wall clock and of this
-   process's CPU time (the one to trust on a busy machine).
+   process's CPU time (the one to trust on a busy machine). Then the same UDF through the server's
+   sandbox (:class:`~hedgepub.server._pubsub.transforms.Transforms`: worker processes over pipes), in
+   requests of one message and of ``--batch``: wall clock and CPU time of this process plus the
+   workers', side by side with the in-process figure as a ratio.
 2. **Publish** (``hedgepub serve --in-memory --no-rest``, a fresh process per target and round): raw-gRPC
    Publish requests of ``--batch`` JSON messages from ``--publishers`` callers, to a topic
    - ``plain``: without transforms (this tree);
@@ -20,6 +23,7 @@ alike), each printing medians with [min-max] over the rounds and the load averag
     python benchmarks/transforms.py                              # engine + plain and udf
     python benchmarks/transforms.py --baseline-src /tmp/before/src --rounds 7
     python benchmarks/transforms.py --parts engine --calls 50000
+    python benchmarks/transforms.py --parts sandbox --calls 5000 --rounds 3
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from server_ingest import (
     Subscription,
     Topic,
     _serializer,
+    cpu_seconds,
     load_average,
     publish_requests,
     spread,
@@ -185,9 +190,71 @@ def publish(args: argparse.Namespace) -> None:
     print(f"  load average after: {load_average()}")
 
 
+def _sandbox_round(calls: int, batch: int) -> tuple[float, float]:
+    """Wall and CPU (this process and the workers) microseconds per message through the sandbox."""
+    from hedgepub.server._pubsub.transforms import Transforms
+
+    transforms = [MessageTransform(javascript_udf={"code": REDACT, "function_name": "redactSSN"})]
+    messages = [PubsubMessage(data=DATA, attributes={"kind": "person"}, message_id="1")] * batch
+
+    async def run() -> tuple[float, float]:
+        runner = Transforms()
+        try:
+            for _ in range(20):  # start the workers and compile the UDF outside the timing
+                await runner.apply(TOPIC, transforms, messages)
+            pool = runner._pool()
+            pids = pool.worker_pids()
+            worker_cpu = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+            started, cpu_started = time.perf_counter(), _cpu_seconds()
+            for _ in range(max(1, calls // batch)):
+                await runner.apply(TOPIC, transforms, messages)
+            wall = time.perf_counter() - started
+            cpu = _cpu_seconds() - cpu_started + sum(cpu_seconds(pid) or 0.0 for pid in pids) - worker_cpu
+            done = max(1, calls // batch) * batch
+            return wall / done * 1e6, cpu / done * 1e6
+        finally:
+            await runner.close()
+
+    return asyncio.run(run())
+
+
+def sandbox(args: argparse.Namespace) -> None:
+    inline = _quickjs_call()
+    targets = ["in-process", "sandbox, 1 a request", f"sandbox, {args.batch} a request"]
+    wall: dict[str, list[float]] = {target: [] for target in targets}
+    cpu: dict[str, list[float]] = {target: [] for target in targets}
+    print(f"\nSandbox: {args.calls} messages per round, {args.rounds} rounds; load average {load_average()}")
+    for round_number in range(args.rounds):
+        order = targets if round_number % 2 == 0 else list(reversed(targets))
+        for target in order:
+            if target == "in-process":
+                for _ in range(200):
+                    inline()
+                started, cpu_started = time.perf_counter(), _cpu_seconds()
+                for _ in range(args.calls):
+                    inline()
+                wall[target].append((time.perf_counter() - started) / args.calls * 1e6)
+                cpu[target].append((_cpu_seconds() - cpu_started) / args.calls * 1e6)
+            else:
+                batch = 1 if target == "sandbox, 1 a request" else args.batch
+                seconds, cpu_seconds_ = _sandbox_round(args.calls, batch)
+                wall[target].append(seconds)
+                cpu[target].append(cpu_seconds_)
+    base_cpu = sorted(cpu["in-process"])[len(cpu["in-process"]) // 2]
+    for target in targets:
+        ratio = sorted(cpu[target])[len(cpu[target]) // 2] / base_cpu
+        print(
+            f"  {target:22} {spread(wall[target], ',.1f')} us/message wall, "
+            f"{spread(cpu[target], ',.1f')} us CPU (x{ratio:.1f} the in-process CPU)"
+        )
+    print(f"  load average after: {load_average()}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="engine,publish", help="engine, publish or both (default)")
+    parser.add_argument(
+        "--parts", default="engine,sandbox,publish", help="engine, sandbox, publish (default: all three)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20_000, help="engine: UDF calls per round and engine")
     parser.add_argument("--messages", type=int, default=50_000, help="publish: messages per run")
@@ -198,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     parts = set(args.parts.split(","))
     if "engine" in parts:
         engine(args)
+    if "sandbox" in parts:
+        sandbox(args)
     if "publish" in parts:
         publish(args)
 

@@ -157,7 +157,11 @@ def test_a_client_connected_before_the_fork_refuses_at_once_and_never_hangs(scen
     child = report["child"]
     assert child["inherited_done"] is True, child
     assert "before os.fork()" in child["inherited_error"]
-    assert "os.fork()" in child["refused"] and "Create the client in the child" in child["refused"]
+    # The advice is one that works (the tests below follow it): not "create the client in the child",
+    # which hangs or crashes in gRPC in such a child.
+    refused = child["refused"]
+    assert "os.fork()" in refused and "a new client made in this child would hang or crash" in refused
+    assert "'spawn' or 'forkserver'" in refused and "shut every client down before forking" in refused
     assert child["seconds"] < 5
     # The parent still owns the pending message and publishes it, once.
     assert scenario.stored() == [b"before", b"pending-at-fork"]
@@ -247,3 +251,66 @@ def test_a_traced_client_made_before_the_fork_traces_the_child_publishes_with_th
     # The child's batch span links the child's create span: both come from the child's own core.
     assert child["create_linked_to_publish"] is True, child
     assert scenario.stored() == [b"traced-child"]
+
+
+_WORKER = """
+from hedgepub import PublisherClient
+
+
+def work(address, topic, number):
+    # A worker process of its own: its client is made here, after the parent published.
+    with PublisherClient(endpoint=address) as publisher:
+        return publisher.publish(topic, b"worker-%d" % number).result(timeout=20)
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_after_a_publish_spawn_and_forkserver_workers_publish_with_their_own_clients(
+    scenario: _Scenario, method: str
+) -> None:
+    (scenario.report_dir / "fork_worker.py").write_text(_WORKER)
+    report = scenario.run(
+        f"""
+        import functools
+        sys.path.insert(0, os.environ["HEDGEPUB_REPORT_DIR"])  # the workers import fork_worker from here
+        import fork_worker
+
+        publisher = PublisherClient(endpoint=address)
+        publisher.publish(topic, b"parent-before").result(timeout=20)  # the parent's channel is open
+
+
+        if __name__ == "__main__":
+            with multiprocessing.get_context("{method}").Pool(2) as pool:
+                report["ids"] = pool.map(functools.partial(fork_worker.work, address, topic), range(4))
+            publisher.publish(topic, b"parent-after").result(timeout=20)
+            publisher.shutdown()
+        """,
+    )
+    assert len(set(report["ids"])) == 4
+    expected = [b"parent-after", b"parent-before", *(b"worker-%d" % number for number in range(4))]
+    assert scenario.stored() == expected
+
+
+def test_after_a_publish_and_a_shutdown_a_client_made_in_the_forked_child_publishes(
+    scenario: _Scenario,
+) -> None:
+    report = scenario.run(
+        """
+        publisher = PublisherClient(endpoint=address)
+        publisher.publish(topic, b"parent").result(timeout=20)
+        publisher.shutdown()  # no channel open at the fork
+
+
+        def body(seen):
+            with PublisherClient(endpoint=address) as own:
+                seen["ids"] = [own.publish(topic, b"child-%d" % n).result(timeout=20) for n in range(3)]
+
+
+        report["child_status"], report["child"] = in_child(body)
+        """,
+    )
+    assert report["child_status"] == 0
+    child = report["child"]
+    assert "crashed" not in child, child
+    assert len(set(child["ids"])) == 3
+    assert scenario.stored() == [b"child-0", b"child-1", b"child-2", b"parent"]

@@ -915,11 +915,14 @@ _REST_ROUTES = [
     ("POST", f"/v1/{FUZZ_SUBSCRIPTION}:modifyAckDeadline"),
     ("POST", "/v1/projects/fuzz/schemas:validateMessage"),
     ("POST", f"/v1/{FUZZ_TOPIC}:setIamPolicy"),
+    ("POST", "/v1/projects/fuzz:testMessageTransforms"),
+    ("POST", "/v1/projects/fuzz:validateMessageTransform"),
 ]
 _FIELD_NAMES = st.sampled_from(
     ["messages", "data", "attributes", "orderingKey", "topic", "filter", "ackDeadlineSeconds", "pushConfig",
      "pushEndpoint", "maxMessages", "ackIds", "labels", "policy", "bindings", "message", "encoding", "schema",
-     "type", "definition", "updateMask", "subscription", "retryPolicy", "minimumBackoff", "x"]
+     "type", "definition", "updateMask", "subscription", "retryPolicy", "minimumBackoff", "messageTransform",
+     "messageTransforms", "javascriptUdf", "code", "functionName", "compression", "disabled", "x"]
 )  # fmt: skip
 _JSON_LEAVES = st.one_of(
     st.none(),

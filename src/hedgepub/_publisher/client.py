@@ -566,9 +566,12 @@ _SYNC_CLIENTS: weakref.WeakSet[PublisherClient] = weakref.WeakSet()
 #: Why a forked child may not publish with a client whose gRPC channel was open at the fork.
 FORK_REFUSAL = (
     "this PublisherClient had connected (published) before os.fork(): gRPC cannot go on in a child "
-    "forked from a process with open channels. Create the client in the child, or create it before the "
-    "fork but publish only after it (gunicorn --preload, multiprocessing and Celery prefork pools work "
-    "that way), or shut it down before forking"
+    "forked while a channel was open, and a new client made in this child would hang or crash in gRPC "
+    "as well (GRPC_ENABLE_FORK_SUPPORT does not cover the asyncio channels hedgepub uses). Publish from a "
+    "process that is no such fork: start workers with multiprocessing's 'spawn' or 'forkserver' method "
+    "(multiprocessing.get_context('spawn')), or fork before the first publish (create the client before "
+    "the fork, publish only after it: gunicorn --preload and prefork pools forked at start work that "
+    "way), or shut every client down before forking (a client made in the child then works)"
 )
 
 

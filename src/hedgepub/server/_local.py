@@ -298,7 +298,7 @@ class AsyncLocalServer:
         await server.start()
         if front is not None:
             private = private.bound(port)
-            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS, authorizer)
+            gateway = RestGateway((plain or private).grpc_address, GRPC_OPTIONS, authorizer, core.transforms)
             http = http_protocol_factory(gateway, tokens.pages())
             await front.serve(private.family, private.socket_address, http)
             self._front, self._gateway, self._http = front, gateway, http

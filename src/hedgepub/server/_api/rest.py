@@ -45,6 +45,7 @@ from hedgepub.server._api.rest_routes import (
 from hedgepub.server._front.front import REST_CLIENT_METADATA, peer_name
 from hedgepub.server._iam.iam import PERMISSION_DENIED_MESSAGE, AllowAll, Authorizer
 from hedgepub.server._pubsub.limits import ServiceError
+from hedgepub.server._pubsub.transforms import Transforms
 
 logger = logging.getLogger("hedgepub.server")
 
@@ -72,9 +73,15 @@ class RestGateway:
     """Answers REST calls by calling the server's gRPC face at ``grpc_target`` (``host:port``)."""
 
     def __init__(
-        self, grpc_target: str, options: Iterable[tuple[str, Any]] = (), authorizer: Authorizer | None = None
+        self,
+        grpc_target: str,
+        options: Iterable[tuple[str, Any]] = (),
+        authorizer: Authorizer | None = None,
+        transforms: Transforms | None = None,
     ) -> None:
         self._channel = grpc.aio.insecure_channel(grpc_target, options=tuple(options))
+        #: The server's transforms (its sandbox), which the two transforms methods run.
+        self._transforms = transforms if transforms is not None else Transforms()
         #: The server's authorizer, for the two transforms methods (which have no gRPC method to call);
         #: ``None`` when IAM is not enforced.
         self._authorizer = None if isinstance(authorizer, AllowAll) else authorizer
@@ -156,7 +163,9 @@ class RestGateway:
             return await self._callable(route)(request, metadata=metadata)
 
         try:
-            code, payload = await transforms_rest.answer(method, body, fetch, authorize=authorize)
+            code, payload = await transforms_rest.answer(
+                method, body, fetch, self._transforms, authorize=authorize
+            )
         except grpc.aio.AioRpcError as error:
             # grpc-stubs types AioRpcError's trailing metadata as objects; they are (key, value) pairs.
             details = status_details(error.trailing_metadata())  # type: ignore[arg-type]

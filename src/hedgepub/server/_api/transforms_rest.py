@@ -30,7 +30,7 @@ from hedgepub.server._api.rest_routes import RestError, parse_document
 from hedgepub.server._pubsub import limits
 from hedgepub.server._pubsub.limits import ServiceError, invalid
 from hedgepub.server._pubsub.nesting import load_json
-from hedgepub.server._pubsub.transforms import Pipeline, Step, check_transform, check_transforms
+from hedgepub.server._pubsub.transforms import Transforms
 
 __all__ = ["TRANSFORM_METHODS", "TRANSFORM_PERMISSIONS", "answer", "match"]
 
@@ -44,8 +44,6 @@ _PATH = re.compile(r"/v1/(projects/[^/:]+):(validateMessageTransform|testMessage
 Fetch = Callable[[str, str], Awaitable[Any]]
 #: Raises ServiceError unless the caller holds one of :data:`TRANSFORM_PERMISSIONS` in the project.
 Authorize = Callable[[], Awaitable[None]]
-#: Applies transforms to a message, each enabled one's result in turn (:meth:`Pipeline.trace`).
-Run = Callable[[list[Any], Any], Awaitable[list[Step]]]
 
 #: What a caller needs in the project to validate or test transforms given inline: either permission that
 #: lets it put transforms on a resource there (a topic's or subscription's own transforms are read with
@@ -85,17 +83,17 @@ def _parse(document: object, message: Any, field: str) -> Any:
     return message
 
 
-async def _validate(body: bytes, authorize: Authorize) -> dict[str, Any]:
+async def _validate(body: bytes, authorize: Authorize, transforms: Transforms) -> dict[str, Any]:
     await authorize()
     payload = _load(body)
     if "messageTransform" not in payload:
         raise invalid("messageTransform is required.")
     transform = _parse(payload["messageTransform"], MessageTransform(), "messageTransform")
-    check_transform(transform, "message_transform")
+    await transforms.validate_one(transform, "message_transform")
     return {}
 
 
-async def _test(body: bytes, authorize: Authorize, fetch: Fetch, run: Run) -> dict[str, Any]:
+async def _test(body: bytes, authorize: Authorize, fetch: Fetch, run: Transforms) -> dict[str, Any]:
     payload = _load(body)
     message = _parse(payload.get("message", {}), PubsubMessage(), "message")
     sources = [key for key in ("messageTransforms", "topic", "subscription") if payload.get(key)]
@@ -109,7 +107,7 @@ async def _test(body: bytes, authorize: Authorize, fetch: Fetch, run: Run) -> di
         if not isinstance(listed, list):
             raise invalid("messageTransforms.messageTransforms must be a list of MessageTransform.")
         transforms = [_parse(item, MessageTransform(), "messageTransforms[]") for item in listed]
-        check_transforms(transforms)
+        await run.validate(transforms)
     else:
         name = payload[source]
         if not isinstance(name, str):
@@ -122,7 +120,7 @@ async def _test(body: bytes, authorize: Authorize, fetch: Fetch, run: Run) -> di
             limits.check_subscription_name(name)
         transforms = list((await fetch(source, name)).message_transforms)
     results = []
-    for step in await run(transforms, message):
+    for step in await run.trace(transforms, message):
         if step.error is not None:
             code = grpc.StatusCode.INVALID_ARGUMENT
             results.append({"failedMessage": {"error": {"code": code.value[0], "message": step.error}}})
@@ -133,25 +131,21 @@ async def _test(body: bytes, authorize: Authorize, fetch: Fetch, run: Run) -> di
     return {"transformedMessages": results} if results else {}
 
 
-async def _trace(transforms: list[Any], message: Any) -> list[Step]:
-    return Pipeline(transforms).trace(message)
-
-
 async def _allowed() -> None:
     pass
 
 
 async def answer(
-    method: str, body: bytes, fetch: Fetch, run: Run = _trace, authorize: Authorize = _allowed
+    method: str, body: bytes, fetch: Fetch, transforms: Transforms, authorize: Authorize = _allowed
 ) -> tuple[grpc.StatusCode, dict[str, Any] | str]:
     """Answer one call: OK and the JSON response, or an error code and its message.
 
     ``authorize`` checks :data:`TRANSFORM_PERMISSIONS` (for a validation and for transforms given inline;
-    ``fetch`` checks a topic's or subscription's); ``run`` applies the transforms.
+    ``fetch`` checks a topic's or subscription's); ``transforms`` (the server's) runs them.
     """
     try:
         if method == "validateMessageTransform":
-            return grpc.StatusCode.OK, await _validate(body, authorize)
-        return grpc.StatusCode.OK, await _test(body, authorize, fetch, run)
+            return grpc.StatusCode.OK, await _validate(body, authorize, transforms)
+        return grpc.StatusCode.OK, await _test(body, authorize, fetch, transforms)
     except ServiceError as error:
         return grpc.StatusCode[error.code.name], error.message

@@ -25,6 +25,7 @@ from hedgepub.server._pubsub.push import PushDispatcher
 from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
+from hedgepub.server._pubsub.transforms import Transforms
 from hedgepub.server._store.protocol import Store
 
 
@@ -46,6 +47,7 @@ class Catalog:
         expiration: ExpirationWatch,
         push: PushDispatcher,
         exports: ExportDispatcher,
+        transforms: Transforms,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -58,6 +60,7 @@ class Catalog:
         self._expiration = expiration
         self._push = push
         self._exports = exports
+        self._transforms = transforms
 
     def new_state(self, config: Any) -> SubscriptionState:
         """Delivery state of a subscription that has nothing in memory and nothing in the store yet."""
@@ -82,6 +85,7 @@ class Catalog:
         resources.check_topic_fields(request)
         if request.HasField("schema_settings"):
             self._schemas.check_settings(request.schema_settings)
+        await self._transforms.validate(request.message_transforms)
         topic = resources.copy_with(request, state=resources.topic_state(request))
         await self._store.put("topics", name, topic)
         if name in registry.topics:  # created concurrently while we waited for the store
@@ -104,6 +108,8 @@ class Catalog:
         updated.state = resources.topic_state(updated)
         if updated.HasField("schema_settings") and updated.schema_settings != current.schema_settings:
             self._schemas.check_settings(updated.schema_settings)
+        if updated.message_transforms != current.message_transforms:
+            await self._transforms.validate(updated.message_transforms)
         await self._store.put("topics", updated.name, updated)
         self._registry.add_topic(updated)
         await self._replay.topic_changed(updated)
@@ -125,6 +131,7 @@ class Catalog:
         self._registry.topic(name)
         await self._store.delete("topics", name)
         attached = self._registry.remove_topic(name)
+        await self._transforms.forget(name)
         await self._replay.topic_deleted(name)
         await self._policies.drop(name)
         for state in attached:
@@ -157,6 +164,7 @@ class Catalog:
         config.ClearField("topic_message_retention_duration")  # output only: shown from the topic
         resources.check_subscription_fields(config, buckets=self._exports.buckets_dir is not None)
         self._check_dead_letter_topic(config)
+        await self._transforms.validate(config.message_transforms)
         await self._store.put("subscriptions", name, config)
         if name in registry.subscriptions:
             raise limits.already_exists(name)
@@ -204,6 +212,8 @@ class Catalog:
         )
         if any(path.split(".", 1)[0] == "dead_letter_policy" for path in paths):
             self._check_dead_letter_topic(config)
+        if config.message_transforms != state.config.message_transforms:
+            await self._transforms.validate(config.message_transforms)
         await self._store.put("subscriptions", config.name, config)
         state.config = config
         self._expiration.watch(config)  # an update is activity, and may change the ttl
@@ -254,6 +264,7 @@ class Catalog:
         await self._store.delete("subscriptions", name)
         await self._replay.subscription_deleted(name)
         await self._policies.drop(name)
+        await self._transforms.forget(name)
         if self._registry.remove_subscription(state):
             self._expiration.forget(name)
             state.drain()

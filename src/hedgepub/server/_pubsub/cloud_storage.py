@@ -96,7 +96,7 @@ class ExportHost(Protocol):
     def export_state(self, subscription: str) -> SubscriptionState | None:
         """The delivery state while it is a live Cloud Storage subscription, else ``None``."""
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer`` (``ReceivedMessage`` list)."""
 
     async def acknowledge_released(self, state: SubscriptionState, sequences: Sequence[int]) -> None:
@@ -300,7 +300,7 @@ class CloudStorageWriter:
         if current is not None and now - current.opened >= max_duration:
             await self._finish()
             return True
-        batch = self.host.lease(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+        batch = await self.host.lease(state, consumer, MAX_MESSAGES_PER_RESPONSE)
         if not batch:
             timeout = None if current is None else max(0.0, current.opened + max_duration - now)
             await state.wait_changed(timeout)

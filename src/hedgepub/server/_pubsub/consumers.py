@@ -19,7 +19,13 @@ from hedgepub._clock import Clock
 from hedgepub._status import StatusCode
 from hedgepub.server._pubsub import limits as limits
 from hedgepub.server._pubsub import resources as resources
-from hedgepub.server._pubsub.delivery import SubscriptionState, dead_letter_copy
+from hedgepub.server._pubsub.delivery import (
+    FRAMING_BYTES,
+    MAX_RESPONSE_BYTES,
+    ReceivedMessage,
+    SubscriptionState,
+    dead_letter_copy,
+)
 from hedgepub.server._pubsub.expiration import ExpirationWatch
 from hedgepub.server._pubsub.leases import (
     MAX_MESSAGES_PER_RESPONSE,
@@ -32,6 +38,7 @@ from hedgepub.server._pubsub.limits import ServiceError, invalid
 from hedgepub.server._pubsub.publishing import Publishing
 from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._pubsub.replay import Replay
+from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.protocol import Store
 
 logger = logging.getLogger("hedgepub.server")
@@ -61,8 +68,10 @@ class Consumers:
         replay: Replay,
         publishing: Publishing,
         may_forward: Callable[[str, str], bool] | None = None,
+        transforms: Transforms | None = None,
     ) -> None:
         self._store = store
+        self._transforms = transforms if transforms is not None else Transforms()
         self._clock = clock
         self._wall_clock_ns = wall_clock_ns
         self._registry = registry
@@ -117,21 +126,71 @@ class Consumers:
             return None
         return state if state.config.push_config.push_endpoint else None
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease ready messages for a push worker (as :meth:`pull` does for a caller)."""
-        return self._take(state, consumer, max_messages)
+        return await self._take(state, consumer, max_messages)
 
-    def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
-        """Lease up to ``max_messages`` ready messages to ``consumer``; drop those past retention."""
+    async def _take(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+        """Lease up to ``max_messages`` ready messages to ``consumer``, transformed by the subscription's
+        transforms; drop those past retention."""
         if not state.ready and not state.more and not state.held_lines:
             return []
         config = state.config
         retention = limits.seconds(config.message_retention_duration) or limits.DEFAULT_RETENTION_SECONDS
         oldest_kept = self._wall_clock_ns() / 1e9 - retention
-        out, expired = state.take(consumer, max_messages, oldest_kept)
-        if expired:
-            self._spawn(self._store.ack(state.name, expired))
-        return out
+        while True:
+            out, expired = state.take(consumer, max_messages, oldest_kept)
+            if expired:
+                self._spawn(self._store.ack(state.name, expired))
+            if not out or not config.message_transforms or all(t.disabled for t in config.message_transforms):
+                return out
+            out, gave_back = await self._transformed(state, config, out)
+            if out or not gave_back:
+                return out
+            # Nothing to hand out, but messages went back ready (their worker stopped on an earlier one):
+            # take them again now rather than wait for a change that already happened.
+
+    async def _transformed(
+        self, state: SubscriptionState, config: Any, out: list[Any]
+    ) -> tuple[list[Any], bool]:
+        """The leased messages ``out`` after the subscription's transforms. One they fail on is a delivery
+        attempt that ended unacknowledged (:meth:`~.SubscriptionState.transform_failed`), one they filter
+        out is acknowledged; those not run (the request's CPU budget spent, a worker stopped) and those
+        past the response's size go back uncounted (:meth:`~.SubscriptionState.give_back`). Returns the
+        messages to hand out, and whether any went back."""
+        results = await self._transforms.apply(
+            state.name, config.message_transforms, [r.message for r in out]
+        )
+        kept: list[Any] = []
+        back: list[Any] = []
+        filtered: list[int] = []
+        total = 0
+        for received, result in zip(out, results, strict=True):
+            lease = state.leases.get(received.ack_id)
+            if lease is None:
+                continue  # ended meanwhile: its deadline passed, or an earlier message of its key came back
+            if back or isinstance(result, NotRun):
+                back.append(lease)
+            elif isinstance(result, TransformFailed):
+                state.transform_failed(lease, result)
+            elif result is None:  # filtered out: acknowledged, as a subscription's filter does
+                filtered.extend(state.acknowledge([received.ack_id]))
+            else:
+                size = result.ByteSize() + len(received.ack_id) + FRAMING_BYTES
+                if kept and total + size > MAX_RESPONSE_BYTES:
+                    back.append(lease)
+                    continue
+                total += size
+                kept.append(
+                    ReceivedMessage(
+                        ack_id=received.ack_id, message=result, delivery_attempt=received.delivery_attempt
+                    )
+                )
+        if back:
+            state.give_back(back)
+        if filtered:
+            self._spawn(self._store.ack(state.name, filtered))
+        return [received for received in kept if received.ack_id in state.leases], bool(back)
 
     def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
         # Read from the store but never to be delivered (a filter refused them before a crash let the
@@ -231,7 +290,7 @@ class Consumers:
         # write overlaps the wait for messages.
         recorded = self._expiration.touch(subscription)
         consumer = Consumer(float(state.config.ack_deadline_seconds), group=state.pull_group)
-        taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+        taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         if taken or wait_seconds <= 0:
             await self._record_leases(state, taken)
             if recorded is not None:
@@ -245,7 +304,7 @@ class Consumers:
             if not await state.wait_changed(remaining):
                 break
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
+            taken = await self._take(state, consumer, min(max_messages, MAX_MESSAGES_PER_RESPONSE))
         await self._record_leases(state, taken)
         if recorded is not None:
             await recorded
@@ -256,7 +315,7 @@ class Consumers:
         once when it owes its client :attr:`~Consumer.confirmations` (set them, then :meth:`wake`)."""
         while not consumer.closed:
             state = self._deliverable(subscription)
-            taken = self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
+            taken = await self._take(state, consumer, MAX_MESSAGES_PER_RESPONSE)
             if taken:
                 await self._record_leases(state, taken)
                 return taken

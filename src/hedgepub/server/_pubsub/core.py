@@ -41,6 +41,7 @@ from hedgepub.server._pubsub.push import PushDispatcher
 from hedgepub.server._pubsub.registry import Background, Registry
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
+from hedgepub.server._pubsub.transforms import Transforms
 from hedgepub.server._store.protocol import Snapshot, Store, StoredMessage
 
 logger = logging.getLogger("hedgepub.server")
@@ -108,8 +109,17 @@ class PubSubCore:
         )
         #: Schemas and their revisions (SchemaService); topics' schema_settings name them.
         self.schemas = SchemaRegistry(store, wall_ns)
+        #: Message transforms: UDFs in a sandbox of worker processes, started on first use.
+        self.transforms = Transforms()
         #: Publish and the fan-out of stored messages.
-        self.publishing = Publishing(store, wall_ns, self.registry, schemas=self.schemas, replay=self.replay)
+        self.publishing = Publishing(
+            store,
+            wall_ns,
+            self.registry,
+            schemas=self.schemas,
+            replay=self.replay,
+            transforms=self.transforms,
+        )
         #: Pull, StreamingPull and push leases, acks, deadlines and dead-letter forwarding.
         self.consumers = Consumers(
             store,
@@ -121,6 +131,7 @@ class PubSubCore:
             replay=self.replay,
             publishing=self.publishing,
             may_forward=may_forward,
+            transforms=self.transforms,
         )
         #: One push worker per push subscription (started and stopped as subscriptions change).
         self.push = PushDispatcher(self.consumers, clock, push_tokens)
@@ -139,6 +150,7 @@ class PubSubCore:
             expiration=self._expiration,
             push=self.push,
             exports=self.exports,
+            transforms=self.transforms,
         )
 
     # ----------------------------------------------------------------- lifecycle
@@ -208,6 +220,7 @@ class PubSubCore:
         """Stop push delivery, timers and background work, and close the store."""
         await self.push.close()
         await self.exports.close()
+        await self.transforms.close()
         self.consumers.leasing.close()
         self._expiration.close()
         self.replay.close()
@@ -224,6 +237,7 @@ class PubSubCore:
         """Delete every topic, subscription, policy and message."""
         await self.push.close()
         await self.exports.close()
+        await self.transforms.close()
         for state in self.registry.subscriptions.values():
             state.close()
         self.registry.clear()

@@ -63,7 +63,6 @@ from hedgepub.server._pubsub.leases import (
     Pending,
     retry_delay,
 )
-from hedgepub.server._pubsub.transforms import TransformFailed, pipeline_for
 from hedgepub.server._store.batch import Batch
 
 PubsubMessage: Any = pubsub_types.PubsubMessage.pb()
@@ -71,12 +70,12 @@ ReceivedMessage: Any = pubsub_types.ReceivedMessage.pb()
 
 #: Largest Pull or StreamingPull response, in bytes: the official clients refuse responses over 4 MiB on
 #: the plain channel they open for ``PUBSUB_EMULATOR_HOST``. Each message is counted with its ack ID and
-#: an upper bound of its framing (``_FRAMING_BYTES``); the 64 KiB left over cover the response's other
+#: an upper bound of its framing (``FRAMING_BYTES``); the 64 KiB left over cover the response's other
 #: fields with room to spare. A single message larger than this still goes, alone in its response.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: Field tags and length prefixes around one message in a response (ReceivedMessage, its message field and
 #: delivery_attempt): 1 + 3 + 1 + 1 + 1 + 3 + 6 bytes at most for a message under 2 MiB; 16 rounds it up.
-_FRAMING_BYTES = 16
+FRAMING_BYTES = 16
 #: Default number of ready messages a subscription keeps in memory; the rest stays in the store.
 DEFAULT_WINDOW = 500
 #: And their bytes at most (serialized size): a window of 500 messages of 10 MB would be 5 GB. A message
@@ -319,16 +318,14 @@ class SubscriptionState:
 
         Returns the ``ReceivedMessage`` list and the sequences to acknowledge in the store without
         delivering them: those past retention (published before ``oldest_kept``, in seconds since the
-        epoch) and those the subscription's message transforms filtered out. A message a transform fails
-        on is not delivered: it counts as a delivery attempt that ended unacknowledged (see
-        :meth:`_transform_failed`).
+        epoch). The messages are as stored: the caller applies the subscription's transforms to them
+        (see :meth:`transform_failed`, :meth:`give_back`).
         """
         group = consumer.group
         if self._next(group) is None:
             return [], []
         leasing = self.leasing
         counted = self.config.HasField("dead_letter_policy")
-        pipeline = pipeline_for(self.config.message_transforms) if self.config.message_transforms else None
         deadline = leasing.clock.now() + consumer.ack_deadline
         out: list[Any] = []
         expired: list[int] = []
@@ -347,24 +344,9 @@ class SubscriptionState:
                 if line is not None:
                     settle(self, line)
                 continue
-            message = pending.message
             size = pending.size
-            if pipeline is not None:
-                try:
-                    message = pipeline.apply(message)
-                except TransformFailed as failure:
-                    pop(self, item)
-                    self._transform_failed(pending, failure, line)
-                    continue
-                if message is None:  # filtered out: acknowledged, as a subscription's filter does
-                    pop(self, item)
-                    expired.append(pending.sequence)
-                    if line is not None:
-                        settle(self, line)
-                    continue
-                size = message.ByteSize()
             ack_id = leasing.new_ack_id(self.serial)
-            size += len(ack_id) + _FRAMING_BYTES
+            size += len(ack_id) + FRAMING_BYTES
             if out and total_bytes + size > MAX_RESPONSE_BYTES:
                 break
             pop(self, item)
@@ -385,7 +367,7 @@ class SubscriptionState:
             out.append(
                 ReceivedMessage(
                     ack_id=ack_id,
-                    message=message,
+                    message=pending.message,
                     delivery_attempt=pending.attempts if counted else 0,
                 )
             )
@@ -451,11 +433,12 @@ class SubscriptionState:
             self.notify()
         return done
 
-    def nack(self, lease: Lease[SubscriptionState]) -> None:
+    def nack(self, lease: Lease[SubscriptionState], default_delay: float = 0.0) -> None:
         """A lease ended unacknowledged (nack or deadline): redeliver, or dead-letter if attempts ran out.
 
         On an ordered subscription the key's later outstanding messages are taken back too and delivered
-        again after it, unless it goes to the dead-letter topic."""
+        again after it, unless it goes to the dead-letter topic. ``default_delay``: the back-off when the
+        subscription has no retry policy."""
         del self.leases[lease.ack_id]
         self.release_flow(lease)
         pending = lease.pending
@@ -465,7 +448,7 @@ class SubscriptionState:
         if self._dead_lettered(pending, line):
             return
         after = take_back_after(self, line, pending.sequence) if line is not None else []
-        delay = retry_delay(self.retry_policy, pending.attempts)
+        delay = retry_delay(self.retry_policy, pending.attempts) or default_delay
         if delay > 0:
             # The message itself comes back when its back-off ends; its key's later ones wait for it.
             self.backing_off[pending] = self.leasing.clock.call_later(delay, lambda: self._retry(pending))
@@ -494,26 +477,40 @@ class SubscriptionState:
         self.leasing.dead_letter(self, pending, policy.dead_letter_topic)
         return True
 
-    def _transform_failed(self, pending: Pending, failure: TransformFailed, line: KeyLine | None) -> None:
-        """A message the subscription's transforms fail on: one more delivery attempt, ended
-        unacknowledged. It goes to the dead-letter topic once the policy's attempts are spent; otherwise
-        it waits out the retry policy's back-off (:data:`FAILED_TRANSFORM_RETRY_SECONDS` without one, so
-        that a UDF that always fails does not spin) and is tried again. Its key waits meanwhile."""
-        pending.attempts += 1
+    def transform_failed(self, lease: Lease[SubscriptionState], failure: Exception) -> None:
+        """The subscription's transforms failed on a leased message before it was handed out: the delivery
+        attempt ends unacknowledged, as a nack (dead letter once the policy's attempts are spent; on an
+        ordered subscription the key's later messages come back after it), waiting out the retry policy's
+        back-off, :data:`FAILED_TRANSFORM_RETRY_SECONDS` without one (a UDF that always fails does not
+        spin)."""
         logger.warning(
             "Message %s of %s not delivered (attempt %d): %s",
-            pending.message.message_id,
+            lease.pending.message.message_id,
             self.name,
-            pending.attempts,
+            lease.pending.attempts,
             failure,
         )
-        if self._dead_lettered(pending, line):
-            return
-        delay = retry_delay(self.retry_policy, pending.attempts) or FAILED_TRANSFORM_RETRY_SECONDS
-        self.backing_off[pending] = self.leasing.clock.call_later(delay, lambda: self._retry(pending))
-        if line is not None:
-            line.blocked += 1
-            settle(self, line)
+        self.nack(lease, FAILED_TRANSFORM_RETRY_SECONDS)
+        self.notify()
+
+    def give_back(self, leases: Sequence[Lease[SubscriptionState]]) -> None:
+        """Leases made but not handed out (the tail of a response: their transforms did not run, or it
+        would be too large): ended counting no attempt, their messages back at the front in order."""
+        for lease in reversed(leases):
+            if self.leases.pop(lease.ack_id, None) is None:
+                continue
+            self.release_flow(lease)
+            pending = lease.pending
+            pending.attempts -= 1
+            line = self._line_of(pending)
+            if line is not None:
+                end_in_line(line)
+                after = take_back_after(self, line, pending.sequence)
+                requeue(self, line, pending, after)
+                settle(self, line, front=True)
+            else:
+                requeue(self, None, pending, [])
+        self.notify()
 
     def _retry(self, pending: Pending) -> None:
         """Timer: ``pending``'s back-off is over; it is ready again (unless it was dropped meanwhile)."""

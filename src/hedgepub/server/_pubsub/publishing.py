@@ -19,26 +19,30 @@ from hedgepub.server._pubsub.delivery import SubscriptionState
 from hedgepub.server._pubsub.registry import Registry
 from hedgepub.server._pubsub.replay import Replay
 from hedgepub.server._pubsub.schemas import SchemaRegistry
-from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, pipeline_for
+from hedgepub.server._pubsub.transforms import NotRun, TransformFailed, Transforms
 from hedgepub.server._store.batch import Batch
 from hedgepub.server._store.protocol import Store
 
 __all__ = ["Publishing"]
 
 
-def _transformed(pipeline: Pipeline, messages: Any) -> tuple[list[Any], list[int]]:
-    """A topic's transforms on each message of a Publish request: the messages to store and the positions
-    of those filtered out. A failure fails the whole request (INVALID_ARGUMENT, naming the message and the
-    transform), as nothing of it is stored."""
+def _transformed(results: list[Any]) -> tuple[list[Any], list[int]]:
+    """A topic's transforms' results on each message of a Publish request: the messages to store and the
+    positions of those filtered out. A failure fails the whole request (INVALID_ARGUMENT, naming the
+    message and the transform), as nothing of it is stored; so does a message whose transforms did not
+    run (the request's CPU budget was spent on the messages before it)."""
     kept: list[Any] = []
     filtered: list[int] = []
-    for index, message in enumerate(messages):
-        try:
-            transformed = pipeline.apply(message)
-        except TransformFailed as failure:
+    for index, transformed in enumerate(results):
+        if isinstance(transformed, TransformFailed):
             raise limits.invalid(
-                f"The topic's message transforms failed on message {index} of the request: {failure}"
-            ) from None
+                f"The topic's message transforms failed on message {index} of the request: {transformed}"
+            )
+        if isinstance(transformed, NotRun):
+            raise limits.invalid(
+                f"The topic's message transforms did not run on message {index} of the request: "
+                f"{transformed}. Publish fewer messages per request."
+            )
         if transformed is None:
             filtered.append(index)
         else:
@@ -58,8 +62,10 @@ class Publishing:
         *,
         schemas: SchemaRegistry,
         replay: Replay,
+        transforms: Transforms,
     ) -> None:
         self._store = store
+        self._transforms = transforms
         self._wall_clock_ns = wall_clock_ns
         # The registry's tables themselves (changed in place, never replaced): read on every Publish.
         self._topics: Mapping[str, Any] = registry.topics
@@ -84,11 +90,10 @@ class Publishing:
         topic = self._topics[topic_name]
         kept: Any = messages
         filtered: list[int] = []
-        if topic.message_transforms:
-            pipeline = pipeline_for(topic.message_transforms)
-            if pipeline is not None:
-                kept, filtered = _transformed(pipeline, messages)
-                request = None  # the messages stored are the transforms' results
+        transforms = topic.message_transforms
+        if transforms and not all(transform.disabled for transform in transforms):
+            kept, filtered = _transformed(await self._transforms.apply(topic_name, transforms, messages))
+            request = None  # the messages stored are the transforms' results
         if topic.HasField("schema_settings") and kept:
             await self._schemas.stamp_messages(topic_name, topic.schema_settings, kept)
         if not filtered:

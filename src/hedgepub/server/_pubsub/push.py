@@ -75,7 +75,7 @@ class PushHost(Protocol):
     def push_state(self, subscription: str) -> SubscriptionState | None:
         """The subscription's delivery state while it is a deliverable push subscription, else ``None``."""
 
-    def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
+    async def lease(self, state: SubscriptionState, consumer: Consumer, max_messages: int) -> list[Any]:
         """Lease up to ``max_messages`` ready messages to ``consumer`` (``ReceivedMessage`` list)."""
 
     async def acknowledge(self, subscription: str, ack_ids: Sequence[str]) -> dict[str, str] | None:
@@ -175,7 +175,7 @@ class PushWorker:
         consumer.ack_deadline = float(state.config.ack_deadline_seconds)
         consumer.max_messages = self.window
         room = consumer.room()
-        batch = self.host.lease(state, consumer, room) if room else []
+        batch = await self.host.lease(state, consumer, room) if room else []
         if not batch:
             # Woken by new messages, acks, nacks and expiries: everything that frees the window.
             await state.wait_changed()

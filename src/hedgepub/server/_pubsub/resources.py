@@ -70,7 +70,7 @@ def check_topic_fields(topic: Any) -> None:
     limits.check_retention(topic)
     limits.check_labels(topic.labels)
     limits.check_ingestion_settings(topic)
-    check_transforms(topic.message_transforms)
+    check_transforms(topic.message_transforms, run_code=False)  # the code: in the sandbox
 
 
 #: Topic.State INGESTION_RESOURCE_ERROR.
@@ -117,7 +117,7 @@ def check_subscription_fields(config: Any, previous: Any | None = None, *, bucke
     if config.push_config.push_endpoint and config.enable_exactly_once_delivery:
         # The real service documents that only pull subscriptions support exactly-once delivery.
         raise invalid("Exactly-once delivery is not supported for push subscriptions.")
-    check_transforms(config.message_transforms)
+    check_transforms(config.message_transforms, run_code=False)  # the code: in the sandbox
     check_exports(config, buckets)
     if config.HasField("dead_letter_policy") and config.dead_letter_policy.dead_letter_topic:
         policy = config.dead_letter_policy
