@@ -14,12 +14,15 @@ per round):
 
 Faults (``--fault``, repeatable): ``loss:P`` (each packet or segment lost with probability P, both ways,
 from the start), ``blackhole:S`` (the connection carrying the originals black-holed for S seconds, a
-quarter of the way into the measured period) and ``syn:P`` (connection-opening packets lost with
+quarter of the way into the measured period: the busiest one, by bytes sent, since the sockets' order
+does not say which connection of the pool is which) and ``syn:P`` (connection-opening packets lost with
 probability P, from the start; no warm-up, so the first publishes need a connection).
 
 Each run warms up first (unless ``syn``): 500 publishes, which fill the token bucket (50 tokens, 0.1 per
 success) and connect. Printed: per fault and publisher, the median [min-max] over rounds of p50, p99,
-p99.9 and max (ms) and of attempts per publish, and the load average.
+p99.9 and max (ms) and of attempts per publish; per round, the hedges sent (won), the publishes slower
+than 1.3x the hedge delay, and how late the measuring process's event loop ran a 5 ms timer (p99 and max
+ms: the process's own stalls, which no hedge escapes); and the load average.
 
     python benchmarks/network_tails.py                         # relay, 2% loss and a 5 s black hole
     python benchmarks/network_tails.py --kernel --rounds 3 --fault loss:0.005 --fault loss:0.01 \\
@@ -105,13 +108,28 @@ async def _measure(arguments: argparse.Namespace) -> dict[str, Any]:
         print("measuring", flush=True)  # the kernel mode's parent black-holes from here
         if kind == "blackhole" and relays:
             delay = arguments.count / arguments.rate / 4
-            loop.call_later(delay, lambda: relays[0].blackhole(amount, connections=0))
+
+            def hole() -> None:  # the busiest connection: the one the originals ride
+                live = [info for info in relays[0].connections if not info.closed]
+                if live:
+                    relays[0].blackhole(amount, connections=max(live, key=lambda i: i.bytes_up).index)
+
+            loop.call_later(delay, hole)
 
         async def one() -> None:
             started = loop.time()
             await client.publish(TOPIC, payload)
             latencies.append((loop.time() - started) * 1000.0)
 
+        lags: list[float] = []
+
+        async def watch_loop() -> None:  # how late the loop runs a 5 ms timer: the process's own stalls
+            while True:
+                asked = loop.time()
+                await asyncio.sleep(0.005)
+                lags.append((loop.time() - asked - 0.005) * 1000.0)
+
+        watcher = asyncio.ensure_future(watch_loop())
         tasks = []
         begin = loop.time()
         for index in range(arguments.count):
@@ -120,6 +138,7 @@ async def _measure(arguments: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(pause)
             tasks.append(asyncio.ensure_future(one()))
         await asyncio.gather(*tasks)
+        watcher.cancel()
         after = client.stats()
     finally:
         await client.shutdown(timeout=60)
@@ -134,6 +153,11 @@ async def _measure(arguments: argparse.Namespace) -> dict[str, Any]:
         "max": ordered[-1],
         "attempts": (after.attempts_sent - before.attempts_sent) / max(1, published),
         "pool": pool,
+        "hedges": after.hedges_sent - before.hedges_sent,
+        "won": after.hedges_won - before.hedges_won,
+        "slow": sum(latency > 1.3 * arguments.hedge_delay * 1000.0 for latency in latencies),
+        "lag_p99": _percentile(sorted(lags), 0.99) if lags else 0.0,
+        "lag_max": max(lags, default=0.0),
     }
 
 
@@ -173,12 +197,11 @@ def _run_one(arguments: argparse.Namespace, network: Any, publisher: str, fault:
     for line in process.stdout:
         if line.strip() == "measuring":
             if network is not None and kind == "blackhole":
-                from hedgepub.testing.network.kernel import client_ports
 
-                def hole(pid: int = process.pid) -> None:
-                    ports = client_ports(port, pid)
-                    if ports:
-                        network.blackhole(ports[0], seconds=float(value))
+                def hole() -> None:  # the connection the originals ride: the busiest, whatever its age
+                    busiest = network.busiest_client_port(port)
+                    if busiest is not None:
+                        network.blackhole(busiest, seconds=float(value))
 
                 timer = threading.Timer(arguments.count / arguments.rate / 4, hole)
                 timer.start()
@@ -259,13 +282,19 @@ def main() -> None:
         f"hedge delay {arguments.hedge_delay * 1000:g} ms; "
         f"other-conn = {'channel_pool_size=2' if pool else 'hedge_endpoints under another name'}"
     )
-    print("| fault | publisher | p50 ms | p99 ms | p99.9 ms | max ms | attempts/publish |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| fault | publisher | p50 ms | p99 ms | p99.9 ms | max ms | attempts/publish | hedges (won) "
+        "| publishes > 1.3x delay | loop lag p99 / max ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (fault, publisher), runs in results.items():
         cells = [_span([run[key] for run in runs]) for key in ("p50", "p99", "p99.9", "max")]
         attempts = [run["attempts"] for run in runs]
         attempt_cell = f"{statistics.median(attempts):.3f} [{min(attempts):.3f}-{max(attempts):.3f}]"
-        print(f"| {fault} | {publisher} | {' | '.join(cells)} | {attempt_cell} |")
+        hedges = ", ".join(f"{run.get('hedges', 0)} ({run.get('won', 0)})" for run in runs)
+        slow = ", ".join(str(run.get("slow", "?")) for run in runs)
+        lag = ", ".join(f"{run.get('lag_p99', 0):.0f}/{run.get('lag_max', 0):.0f}" for run in runs)
+        print(f"| {fault} | {publisher} | {' | '.join(cells)} | {attempt_cell} | {hedges} | {slow} | {lag} |")
     print(
         f"load average at the end: {' '.join(f'{value:.2f}' for value in os.getloadavg())} "
         f"on {os.cpu_count()} CPUs"

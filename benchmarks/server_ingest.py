@@ -623,6 +623,8 @@ def main(argv: list[str] | None = None) -> None:
     for first, second in (
         ("sqlite", "emulator-warm"),
         ("memory", "emulator-warm"),
+        ("sqlite-grpc", "emulator-warm"),
+        ("memory-grpc", "emulator-warm"),
         ("sqlite", "emulator-cold"),
         ("memory", "emulator-cold"),
         ("sqlite", "baseline"),

@@ -338,3 +338,41 @@ def test_a_huge_answer_body_is_not_read(
     assert server.wait_until_idle(timeout=10)
     time.sleep(0.5)
     assert push_endpoint.answer_bytes_sent < 32 * 1024 * 1024
+
+
+def test_a_message_its_transform_fails_on_is_dead_lettered_and_its_neighbours_pushed(
+    server: LocalServer,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    push_endpoint: Any,
+) -> None:
+    # Cutting "abcd😀xyz" after 5 UTF-16 units splits the emoji: that message alone fails its transform.
+    cut = "function cut(m) { m.data = m.data.substring(0, 5); return m; }"
+    dead_letters = f"{PROJECT}/topics/cut-dead-letters"
+    publisher.create_topic(name=TOPIC)
+    publisher.create_topic(name=dead_letters)
+    subscriber.create_subscription(name=f"{PROJECT}/subscriptions/cut-dead-letters", topic=dead_letters)
+    subscriber.create_subscription(
+        request={
+            "name": SUBSCRIPTION,
+            "topic": TOPIC,
+            "push_config": {"push_endpoint": push_endpoint.url},
+            "message_transforms": [{"javascript_udf": {"code": cut, "function_name": "cut"}}],
+            "dead_letter_policy": {"dead_letter_topic": dead_letters, "max_delivery_attempts": 5},
+            "retry_policy": {"minimum_backoff": "0.1s", "maximum_backoff": "0.1s"},
+        }
+    )
+    for data in (b"first message", "abcd😀xyz".encode(), b"last message"):
+        publisher.publish(TOPIC, data).result(timeout=30)
+    assert push_endpoint.wait_for(lambda requests: len(requests) >= 2)
+    pulled: list[Any] = []
+    deadline = time.monotonic() + 60
+    while not pulled and time.monotonic() < deadline:
+        pulled = subscriber.pull(
+            subscription=f"{PROJECT}/subscriptions/cut-dead-letters", max_messages=5, timeout=30
+        ).received_messages
+    assert [received.message.data for received in pulled] == ["abcd😀xyz".encode()]
+    assert sorted(base64.b64decode(body["message"]["data"]) for body in _bodies(push_endpoint)) == [
+        b"first",
+        b"last ",
+    ]

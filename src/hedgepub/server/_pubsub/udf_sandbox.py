@@ -60,6 +60,7 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 NOT_RUN = "not run"
 
 _HEADER = struct.Struct(">I")
+_READ_BYTES = 1 << 20
 _WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udf_worker.py")
 
 
@@ -85,6 +86,8 @@ class _Process:
         self._context_bytes = context_bytes
         self._process: asyncio.subprocess.Process | None = None
         self.lock = asyncio.Lock()
+        #: Bytes read from the worker and not yet taken as frames.
+        self._buffer = bytearray()
         #: Keys of the chains this worker keeps (approximately: it may have dropped some for room).
         self.keys: set[Any] = set()
 
@@ -100,6 +103,7 @@ class _Process:
                 limit=MAX_FRAME_BYTES,
             )
             self.keys.clear()
+            self._buffer.clear()
         return process
 
     @property
@@ -120,19 +124,31 @@ class _Process:
             raise await self._died(f"could not be written to ({error or 'timed out'})") from None
 
     async def receive(self) -> Any:
-        """The next answer frame (the lock held); :class:`WorkerDied` if the worker ends or is silent."""
+        """The next answer frame (the lock held); :class:`WorkerDied` if the worker ends or is silent.
+
+        Reads what the pipe holds in chunks and takes the frames from them, so that the many small
+        frames of a request (one a message) cost one read and one timer a chunk, not two a frame."""
         process = self._process
         assert process is not None and process.stdout is not None
+        buffer = self._buffer
         try:
-            header = await asyncio.wait_for(process.stdout.readexactly(_HEADER.size), SILENCE_SECONDS)
-            (size,) = _HEADER.unpack(header)
-            if size > MAX_FRAME_BYTES:
-                raise await self._died(f"sent a frame of {size} bytes")
-            body = await asyncio.wait_for(process.stdout.readexactly(size), SILENCE_SECONDS)
-            return _loads(body)
+            while True:
+                if len(buffer) >= _HEADER.size:
+                    (size,) = _HEADER.unpack_from(buffer)
+                    if size > MAX_FRAME_BYTES:
+                        raise await self._died(f"sent a frame of {size} bytes")
+                    end = _HEADER.size + size
+                    if len(buffer) >= end:
+                        body = bytes(buffer[_HEADER.size : end])
+                        del buffer[:end]
+                        return _loads(body)
+                chunk = await asyncio.wait_for(process.stdout.read(_READ_BYTES), SILENCE_SECONDS)
+                if not chunk:
+                    raise await self._died("")
+                buffer += chunk
         except asyncio.TimeoutError:
             raise await self._died(f"answered nothing for {SILENCE_SECONDS:g} s and was stopped") from None
-        except (asyncio.IncompleteReadError, OSError, pickle.UnpicklingError, EOFError, ValueError):
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             raise await self._died("") from None
 
     async def _died(self, how: str) -> WorkerDied:

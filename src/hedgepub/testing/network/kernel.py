@@ -144,10 +144,12 @@ _SS_SOCKET = re.compile(r"^\S+\s+\S+\s+\S+:(\d+)\s+\S+:(\d+)\s*$")
 _SS_BYTES = re.compile(r"\bbytes_acked:(\d+)")
 
 
-def bytes_sent_by_client_port(server_port: int) -> dict[int, int]:
+def bytes_sent_by_client_port(server_port: int, listing: str | None = None) -> dict[int, int]:
     """Bytes each established connection to ``server_port`` in this network namespace has had acked,
-    by client port (``ss -tin``): the busiest one is the one a publisher's originals ride."""
-    listing = _checked(["ss", "-tinH", "state", "established", "dport", "=", f":{server_port}"])
+    by client port (``ss -tin``, or its output given as ``listing``): the busiest one is the one a
+    publisher's originals ride (the order of the sockets says nothing about which that is)."""
+    if listing is None:
+        listing = _checked(["ss", "-tinH", "state", "established", "dport", "=", f":{server_port}"])
     found: dict[int, int] = {}
     port: int | None = None
     for line in listing.splitlines():
@@ -344,6 +346,16 @@ class KernelNetwork:
             return
         for side in ("up", "down"):
             self._set_rule(f"hole-{side}-{client_port}", None)
+
+    def busiest_client_port(self, server_port: int) -> int | None:
+        """The client port of the connection to ``server_port`` inside the namespace that has sent the most
+        bytes (``ss -tin``), or ``None`` when there is none: the one to black-hole to hit a publisher's
+        originals."""
+        listing = _checked(
+            self.command(["ss", "-tinH", "state", "established", "dport", "=", f":{server_port}"])
+        )
+        sent = bytes_sent_by_client_port(server_port, listing)
+        return max(sent, key=lambda port: sent[port]) if sent else None
 
     def rules(self) -> str:
         """The namespace's OUTPUT rules with their packet counters (``iptables -L OUTPUT -v -n``)."""
