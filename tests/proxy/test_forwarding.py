@@ -262,3 +262,55 @@ def test_every_call_is_logged(proxy: Proxy, upstream: LocalServer, raw: grpc.Cha
     lines = [record.getMessage() for record in caplog.records if record.name == "hedgepub.proxy.requests"]
     assert any(line.startswith("Publish OK") and "1 attempt" in line for line in lines), lines
     assert any(line.startswith("GetTopic NOT_FOUND") for line in lines), lines
+
+
+def test_hedges_sent_and_won_are_in_the_opentelemetry_metrics_per_topic(
+    upstream: LocalServer, recorder: AttemptRecorder
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    topic = create_topic(upstream)
+    hedging = HedgingSettings(hedge_delay=0.1, max_tokens=10, refill_ratio=0.2)
+    with (
+        Proxy(
+            upstream.address,
+            hedging_settings=hedging,
+            enable_open_telemetry=True,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+        ) as proxy,
+        grpc.insecure_channel(proxy.address) as channel,
+    ):
+        fill_bucket(channel, topic)
+        call(channel, PUBLISH, publish_request(topic, b"slow, held"), timeout=20)
+        data = reader.get_metrics_data()
+    points = {
+        (metric.name, point.attributes.get("messaging.destination.name")): point.value
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+        if metric.name in ("hedgepub.hedges.sent", "hedgepub.hedges.won", "hedgepub.messages.published")
+    }
+    short = topic.rsplit("/", 1)[1]
+    assert points[("hedgepub.hedges.won", short)] == 1
+    assert points[("hedgepub.hedges.sent", short)] >= 1
+    assert points[("hedgepub.messages.published", short)] == 11
+
+
+def test_every_unary_rpc_of_the_table_is_forwarded(upstream: LocalServer, raw: grpc.Channel) -> None:
+    from hedgepub._rpcs import RPCS
+
+    def code(channel: grpc.Channel, path: str) -> grpc.StatusCode:
+        try:
+            call(channel, path, b"", timeout=10)  # an empty request: each method's own answer to it
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
+
+    unary = [rpc.path for rpc in RPCS.values() if not rpc.streaming]
+    with grpc.insecure_channel(upstream.address) as direct:
+        answers = {path: (code(direct, path), code(raw, path)) for path in unary}
+    assert all(straight == through for straight, through in answers.values()), answers
+    assert grpc.StatusCode.UNIMPLEMENTED not in {straight for straight, _ in answers.values()}

@@ -76,3 +76,12 @@ def test_bad_usage_exits_with_2_and_says_why(args: list[str]) -> None:
     result = CliRunner().invoke(main, ["proxy", *args])
     assert result.exit_code == EXIT_USAGE, result.output
     assert "Error" in result.output and "Traceback" not in result.output
+
+
+def test_google_without_credentials_exits_with_1_and_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-key.json"
+    result = CliRunner().invoke(
+        main, ["proxy", "--listen", "127.0.0.1:0"], env={"GOOGLE_APPLICATION_CREDENTIALS": str(missing)}
+    )
+    assert result.exit_code == 1, result.output
+    assert "no credentials for google" in result.output and "Traceback" not in result.output

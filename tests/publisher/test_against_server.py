@@ -36,7 +36,7 @@ def attempt_of(metadata: Mapping[str, str]) -> int:
     return decode_client_telemetry(metadata[CLIENT_TELEMETRY_KEY])[0]
 
 
-def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -79,11 +79,11 @@ def test_official_subscriber_reads_what_was_published(server: LocalServer, topic
 
 
 def test_batches_split_by_count(server: LocalServer, topic: str) -> None:
-    with PublisherClient(batch_settings=BatchSettings(max_messages=10, max_latency=1.0)) as publisher:
+    # A latency far longer than the wait: the full batches resolve only if they did not wait for it.
+    with PublisherClient(batch_settings=BatchSettings(max_messages=10, max_latency=600.0)) as publisher:
         futures = [publisher.publish(topic, b"x") for _ in range(35)]
-        started = time.monotonic()
-        [future.result(timeout=10) for future in futures[:30]]
-        assert time.monotonic() - started < 0.9  # full batches did not wait for their latency
+        [future.result(timeout=60) for future in futures[:30]]
+        assert not any(future.done() for future in futures[30:])  # the open batch waits for its latency
     stats = publisher.stats()
     assert (stats.batches_sent, stats.messages_published) == (4, 35)
     assert len(server.messages(topic)) == 35
@@ -113,13 +113,11 @@ def test_retries_on_injected_unavailable(server: LocalServer, topic: str) -> Non
 
 def test_missing_topic_fails_fast_with_not_found(server: LocalServer) -> None:
     with PublisherClient() as publisher:
-        started = time.monotonic()
         future = publisher.publish("projects/test-project/topics/missing-topic", b"x")
         with pytest.raises(RpcError) as caught:
-            future.result(timeout=10)
-        assert time.monotonic() - started < 1.0
+            future.result(timeout=30)
     assert caught.value.code is StatusCode.NOT_FOUND
-    assert publisher.stats().attempts_sent == 1
+    assert publisher.stats().attempts_sent == 1  # fast: not retried
 
 
 def fill_bucket(publisher: PublisherClient, topic: str, batches: int) -> None:
@@ -133,13 +131,12 @@ def test_hedge_wins_when_the_server_is_slow_and_the_loser_is_cancelled(
     hedging = HedgingSettings(hedge_delay=0.2, max_tokens=1, refill_ratio=0.2)
     with PublisherClient(hedging_settings=hedging) as publisher:
         fill_bucket(publisher, topic, 5)
-        server.faults.set("Publish", FaultRule(latency="100%:3s"))
-        started = time.monotonic()
+        # A delay far longer than the wait below: only the hedge can answer within it.
+        server.faults.set("Publish", FaultRule(latency="100%:120s"))
         future = publisher.publish(topic, b"hedged")
         wait_for(lambda: server.faults.counts["Publish"].delayed == 1)
         server.faults.set("Publish", None)  # the original is stuck in its delay; the hedge goes through
-        message_id = future.result(timeout=10)
-        assert time.monotonic() - started < 2.0
+        message_id = future.result(timeout=30)
         wait_for(lambda: server.faults.counts["Publish"].cancelled_during_delay == 1)
     stats = publisher.stats()
     assert (stats.hedges_sent, stats.hedges_won) == (1, 1)
@@ -295,13 +292,14 @@ def test_shutdown_waits_for_every_message(server: LocalServer, topic: str) -> No
 
 
 def test_shutdown_timeout_fails_the_rest_and_cancels_their_attempts(server: LocalServer, topic: str) -> None:
-    server.faults.set("Publish", FaultRule(latency="100%:5s"))
+    server.faults.set("Publish", FaultRule(latency="100%:120s"))
     publisher = PublisherClient()
     futures = [publisher.publish(topic, b"x") for _ in range(10)]
     wait_for(lambda: server.faults.counts["Publish"].delayed == 1)
     started = time.monotonic()
     publisher.shutdown(timeout=0.2)
-    assert time.monotonic() - started < 2.0
+    # Bounded by its timeout, not by the attempts' 120 s (30 s: room for a busy machine).
+    assert time.monotonic() - started < 30
     for future in futures:
         assert isinstance(future.exception(timeout=0), ShutdownTimeoutError)
     wait_for(lambda: server.faults.counts["Publish"].cancelled_during_delay == 1)

@@ -79,8 +79,8 @@ def test_official_client_publishes_through_serve_and_sigterm_exits_cleanly(
     server = _start(serve, tmp_path, "-vv", "serve", "--port", str(port), "--data-dir", str(data_dir))
     assert server.address == f"127.0.0.1:{port}"
     # Interpreter start and imports included; the server itself reports its own "ready in" time.
+    # A figure to read, not a bound to hold on a loaded machine (benchmarks measure speed).
     print(f"hedgepub serve: export line after {server.startup_seconds:.2f} s")
-    assert server.startup_seconds < 3.0
 
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
     publisher = pubsub_v1.PublisherClient()

@@ -37,6 +37,8 @@ PublishRequest = pubsub_types.PublishRequest.pb()
 PublishResponse = pubsub_types.PublishResponse.pb()
 PullRequest = pubsub_types.PullRequest.pb()
 PullResponse = pubsub_types.PullResponse.pb()
+StreamingPullRequest = pubsub_types.StreamingPullRequest.pb()
+StreamingPullResponse = pubsub_types.StreamingPullResponse.pb()
 GetTopicRequest = pubsub_types.GetTopicRequest.pb()
 AcknowledgeRequest = pubsub_types.AcknowledgeRequest.pb()
 DeleteTopicRequest = pubsub_types.DeleteTopicRequest.pb()
@@ -279,6 +281,106 @@ def test_a_message_its_transform_fails_on_is_dead_lettered_and_its_neighbours_de
     delivered, dead_lettered = _watched(server, deliver)
     assert delivered == [b"first", b"last "]
     assert dead_lettered == ["abcd😀xyz".encode()]  # as published, not transformed
+
+
+def test_streaming_pull_delivers_the_neighbours_of_a_message_its_transform_fails_on(
+    server: ServerProcess, rpc: Rpc
+) -> None:
+    topic = f"{PROJECT}/topics/surrogates-stream"
+    subscription = f"{PROJECT}/subscriptions/surrogates-stream"
+    rpc.call("Publisher", "CreateTopic", Topic(name=topic), Topic)
+    rpc.call(
+        "Subscriber",
+        "CreateSubscription",
+        Subscription(name=subscription, topic=topic, message_transforms=[_udf(CUT)]),
+        Subscription,
+    )
+    _publish(rpc, topic, b"first message", "abcd😀xyz".encode(), b"last message")
+    stream = rpc.channel.stream_stream(
+        "/google.pubsub.v1.Subscriber/StreamingPull",
+        request_serializer=StreamingPullRequest.SerializeToString,
+        response_deserializer=StreamingPullResponse.FromString,
+    )
+
+    def requests() -> Iterator[Any]:
+        yield StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=60)
+        done.wait(120)
+
+    done = threading.Event()
+    delivered: list[bytes] = []
+    call = stream(requests(), timeout=120)
+    try:
+        for response in call:
+            delivered.extend(received.message.data for received in response.received_messages)
+            if len(delivered) >= 2:
+                break
+    finally:
+        done.set()
+        call.cancel()
+    assert sorted(delivered) == [b"first", b"last "]
+
+
+def test_a_worker_crash_at_delivery_fails_that_message_only(server: ServerProcess, rpc: Rpc) -> None:
+    bomb = "function f(m){ if (m.attributes.bomb) m.data = m.data.replace(/a/g, 'bb'); return m; }"
+    topic = f"{PROJECT}/topics/crash-delivery"
+    dead = f"{PROJECT}/topics/crash-delivery-dead"
+    subscription = f"{PROJECT}/subscriptions/crash-delivery"
+    dead_subscription = f"{PROJECT}/subscriptions/crash-delivery-dead"
+    for name in (topic, dead):
+        rpc.call("Publisher", "CreateTopic", Topic(name=name), Topic)
+    rpc.call(
+        "Subscriber", "CreateSubscription", Subscription(name=dead_subscription, topic=dead), Subscription
+    )
+    rpc.call(
+        "Subscriber",
+        "CreateSubscription",
+        Subscription(
+            name=subscription,
+            topic=topic,
+            message_transforms=[_udf(bomb)],
+            dead_letter_policy={"dead_letter_topic": dead, "max_delivery_attempts": 5},
+            retry_policy={
+                "minimum_backoff": {"nanos": 100_000_000},
+                "maximum_backoff": {"nanos": 100_000_000},
+            },
+        ),
+        Subscription,
+    )
+    request = PublishRequest(
+        topic=topic,
+        messages=[
+            {"data": b"before"},
+            {"data": b"a" * 1_000_000, "attributes": {"bomb": "1"}},
+            {"data": b"after"},
+        ],
+    )
+    rpc.call("Publisher", "Publish", request, PublishResponse, timeout=120)
+
+    def deliver() -> tuple[list[bytes], list[int]]:
+        delivered: list[bytes] = []
+        dead_lettered: list[int] = []
+        while len(delivered) < 2 or not dead_lettered:
+            for name, into in ((subscription, delivered), (dead_subscription, None)):
+                pulled = rpc.call(
+                    "Subscriber", "Pull", PullRequest(subscription=name, max_messages=10), PullResponse, 120
+                )
+                if into is not None:
+                    into.extend(received.message.data for received in pulled.received_messages)
+                else:
+                    dead_lettered.extend(len(received.message.data) for received in pulled.received_messages)
+                if pulled.received_messages:
+                    ack_ids = [received.ack_id for received in pulled.received_messages]
+                    rpc.call(
+                        "Subscriber",
+                        "Acknowledge",
+                        AcknowledgeRequest(subscription=name, ack_ids=ack_ids),
+                        Empty,
+                    )
+        return delivered, dead_lettered
+
+    delivered, dead_lettered = _watched(server, deliver)
+    assert sorted(delivered) == [b"after", b"before"]
+    assert dead_lettered == [1_000_000]
 
 
 # ------------------------------------------------------------------------------------------- item 5

@@ -211,6 +211,6 @@ async def _run(running: AsyncProxy, announce: Callable[[AsyncProxy], None]) -> N
     click.echo(
         f"proxy: {stats.batches_sent} publishes forwarded ({stats.messages_published} messages published, "
         f"{stats.messages_failed} failed), {stats.attempts_sent} attempts, {stats.hedges_sent} hedges sent, "
-        f"{stats.hedges_won} won",
+        f"{stats.hedges_won} won, {stats.hedges_skipped} not sent for want of a token",
         err=True,
     )

@@ -33,13 +33,15 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from hedgepub._exceptions import PublishError, PublishTimeoutError, RpcError
 from hedgepub._hedging.engine import BatchOutcome
+from hedgepub._publisher.batch import request_overhead
 from hedgepub._publisher.forwarding import CoreForwarding
 from hedgepub._rpcs import RPCS
-from hedgepub._transport.grpc import AuthHeaders, PublishRequestPb, PublishResponsePb
+from hedgepub._transport.grpc import AuthHeaders, PublishResponsePb
 from hedgepub._wire import AUTHORIZATION_KEY, BATCH_ID_KEY, CLIENT_TELEMETRY_KEY, REQUEST_PARAMS_KEY
 
 __all__ = ["REQUEST_LOG", "Forwarder", "InFlightBytes", "forwarded_metadata", "publish_head"]
@@ -79,23 +81,51 @@ def returned_trailers(metadata: Iterable[Any] | None) -> MetadataPairs:
     ]
 
 
+def _publish_head_class() -> Any:
+    """A message class that reads of a ``PublishRequest`` only its topic and its messages' ordering keys:
+    ``PublishHead {string topic = 1; repeated MessageHead messages = 2;}``, ``MessageHead {string
+    ordering_key = 5;}`` (the field numbers of ``google.pubsub.v1``). Parsing a request with it, in C,
+    skips the data and attributes; a full parse of a request of 100 messages took three times as long."""
+    file = descriptor_pb2.FileDescriptorProto(
+        name="hedgepub/proxy/publish_head.proto", package="hedgepub.proxy", syntax="proto3"
+    )
+    message = file.message_type.add(name="MessageHead")
+    message.field.add(name="ordering_key", number=5, type=_STRING, label=_OPTIONAL)
+    head = file.message_type.add(name="PublishHead")
+    head.field.add(name="topic", number=1, type=_STRING, label=_OPTIONAL)
+    head.field.add(
+        name="messages", number=2, type=_MESSAGE, label=_REPEATED, type_name=".hedgepub.proxy.MessageHead"
+    )
+    pool = descriptor_pool.DescriptorPool()  # a pool of its own: nothing else sees these names
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("hedgepub.proxy.PublishHead"))
+
+
+_STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+_MESSAGE = descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+_OPTIONAL = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+_REPEATED = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+_PublishHead = _publish_head_class()
+
+
 def publish_head(request: bytes) -> tuple[str, str, int] | None:
     """(topic, an ordering key of its messages or ``""``, message count) of a serialized
     ``PublishRequest``; ``None`` when it does not parse or has no topic or no message (the service
     answers those itself)."""
     try:
-        parsed = PublishRequestPb.FromString(request)
+        head = _PublishHead.FromString(request)
     except (DecodeError, ValueError):
         return None
-    messages = parsed.messages
-    if not parsed.topic or not messages:
+    messages = head.messages
+    count = len(messages)
+    if not head.topic or not count:
         return None
-    key = ""
-    for message in messages:
-        if message.ordering_key:
-            key = message.ordering_key
-            break
-    return parsed.topic, key, len(messages)
+    head.DiscardUnknownFields()
+    # Without keys, each message is an empty MessageHead: two bytes (tag, zero length) after the topic.
+    if head.ByteSize() == request_overhead(head.topic) + 2 * count:
+        return head.topic, "", count
+    key = next(message.ordering_key for message in messages if message.ordering_key)
+    return head.topic, key, count
 
 
 class InFlightBytes:

@@ -60,7 +60,9 @@ class AsyncProxy:
     forwards. ``credentials`` (google-auth) are added to calls whose caller sent no ``authorization``; in
     front of Google without them, Application Default Credentials are. ``root_certificates`` (PEM) are
     what a TLS upstream is trusted by. ``max_in_flight_bytes`` bounds the bytes of requests being
-    forwarded at once.
+    forwarded at once. ``enable_open_telemetry`` (with ``tracer_provider`` and ``meter_provider``, as the
+    publisher takes them) reports the forwarded publishes' spans and metrics: attempts, hedges sent and
+    won, per topic.
     """
 
     def __init__(
@@ -77,6 +79,8 @@ class AsyncProxy:
         root_certificates: bytes | None = None,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
         enable_open_telemetry: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
     ) -> None:
         self.upstream = upstream_target(upstream)
         self.host = host
@@ -89,6 +93,7 @@ class AsyncProxy:
         self._root_certificates = root_certificates
         self.in_flight = InFlightBytes(max_in_flight_bytes)
         self._otel = enable_open_telemetry
+        self._providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         self._core: _PublisherCore | None = None
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
@@ -120,6 +125,7 @@ class AsyncProxy:
             channel_pool_size=self._pool_size,
             root_certificates=self._root_certificates,
             enable_open_telemetry=self._otel,
+            **self._providers,
         )
         core.bind_running_loop()
         self._core = core

@@ -41,7 +41,12 @@ def _hedged_publishes_in_a_stall(server: LocalServer, count: int) -> list[str]:
             ids.append(publisher.publish(TOPIC, b"hedged-%d" % number).result(timeout=10))
             server.faults.set("Publish", None)
         assert publisher.stats().hedges_sent == count
-    time.sleep(0.2)  # a loser still on its way to the store gets there
+    # A loser still on its way to the store gets there: wait until no call is in progress on the server
+    # (its load shedder counts them until they end).
+    deadline = time.monotonic() + 30
+    while server._server.shedder.in_progress and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server._server.shedder.in_progress == 0
     return ids
 
 

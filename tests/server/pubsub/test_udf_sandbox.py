@@ -53,26 +53,23 @@ def test_kept_contexts_are_bounded_in_bytes_and_released_with_their_resource() -
 
 
 def test_a_worker_that_dies_fails_only_its_message_and_is_replaced() -> None:
-    bomb = "function f(m){ if (m.attributes.bomb) m.data = m.data.replace(/a/g, 'bb'); return m; }"
+    # QuickJS does not interrupt a backtracking regular expression: RLIMIT_CPU ends the worker (SIGXCPU).
+    backtrack = "function f(m){ if (m.attributes.bomb) /(a+)+$/.test(m.data); return m; }"
 
-    async def scenario() -> tuple[list[object], list[object]]:
+    async def scenario() -> tuple[list[tuple[str, str]], list[object]]:
         sandbox = Sandbox(workers=1)
         try:
-            key = ("projects/p/topics/bomb", "d")
-            messages = (
-                [(b"before", {}, {})] + [(b"a" * 1_000_000, {"bomb": "1"}, {})] * 4 + [(b"after", {}, {})]
-            )
-            first = await sandbox.run(key, _steps(bomb), messages)
-            second = await sandbox.run(key, _steps(bomb), [(b"next", {}, {})])
-            return [outcome[-1][1][0] for outcome in first], [outcome[-1][1] for outcome in second]
+            key = ("projects/p/topics/backtrack", "d")
+            messages = [(b"before", {}, {}), (b"a" * 40 + b"!", {"bomb": "1"}, {}), (b"after", {}, {})]
+            first = await sandbox.run(key, _steps(backtrack), messages, budget=0.5)
+            second = await sandbox.run(key, _steps(backtrack), [(b"next", {}, {})])
+            return [(o[-1][1][0], str(o[-1][1][1])) for o in first], [o[-1][1] for o in second]
         finally:
             await sandbox.close()
 
-    kinds, after = asyncio.run(scenario())
-    assert kinds[0] == "ok"
-    failed = kinds.index("failed")
-    assert all(kind == "failed" for kind in kinds[1 : failed + 1])
-    assert set(kinds[failed + 1 :]) <= {"failed", NOT_RUN}  # after a crash: not run, never lost
+    outcomes, after = asyncio.run(scenario())
+    assert [kind for kind, _ in outcomes] == ["ok", "failed", NOT_RUN]
+    assert "worker" in outcomes[1][1]
     assert after == [("ok", b"next", {})]
 
 
