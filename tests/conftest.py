@@ -58,7 +58,8 @@ class PushEndpoint:
     each request's headers first, and a status it returns is answered instead (an endpoint that checks
     authentication answers 401 or 403). ``location``, when set, is sent as a ``Location`` header (with a
     3xx ``status``, a redirect), and ``answer_bytes`` bytes of body follow each answer (in 64 KiB chunks,
-    counted in ``answer_bytes_sent`` until the client stops reading). A GET is recorded too (answered 200).
+    counted in ``answer_bytes_sent`` until the client stops reading; ``answers_ended`` counts the answers
+    written in full or cut off). A GET is recorded too (answered 200).
     """
 
     def __init__(self) -> None:
@@ -66,6 +67,8 @@ class PushEndpoint:
         self.location: str | None = None
         self.answer_bytes = 0
         self.answer_bytes_sent = 0
+        #: Answers whose body is written in full or cut off by the client closing the connection.
+        self.answers_ended = 0
         self.check: Callable[[dict[str, str]], int | None] | None = None
         self.delays: list[float] = []
         self.requests: list[PushRequest] = []
@@ -103,6 +106,9 @@ class PushEndpoint:
                         endpoint.answer_bytes_sent += size
                 except OSError:
                     self.close_connection = True
+                with endpoint._changed:
+                    endpoint.answers_ended += 1
+                    endpoint._changed.notify_all()
 
             def do_GET(self) -> None:
                 with endpoint._changed:

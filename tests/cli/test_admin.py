@@ -159,7 +159,8 @@ def test_an_unreachable_server_exits_quickly_with_its_own_code(hedgepub_cli, clo
     result = hedgepub_cli(*command, "--endpoint", f"127.0.0.1:{closed_port}")
     assert result.exit_code == EXIT_UNREACHABLE
     assert f"cannot reach a Pub/Sub server at 127.0.0.1:{closed_port}" in result.output
-    assert time.monotonic() - started < 5
+    # Quickly: not after the publisher's 600 s of retries (30 s: room for a loaded machine).
+    assert time.monotonic() - started < 30
 
 
 def test_no_endpoint_is_a_usage_error(hedgepub_cli, monkeypatch) -> None:

@@ -234,7 +234,6 @@ def test_an_expired_token_that_cannot_be_refreshed_fails_at_once_with_a_clear_er
     expired = google.auth._helpers.utcnow() - datetime.timedelta(minutes=1)  # naive UTC, as google-auth wants
     # An access token alone, no refresh token or handler: google-auth cannot get a new one.
     credentials = google.oauth2.credentials.Credentials(token="t-publisher-0", expiry=expired)
-    started = time.monotonic()
     with PublisherClient(
         hedging_settings=HedgingSettings(hedge_delay=0.1),
         endpoint=f"https://{server.address}",
@@ -247,8 +246,7 @@ def test_an_expired_token_that_cannot_be_refreshed_fails_at_once_with_a_clear_er
     assert error.code is StatusCode.UNAUTHENTICATED
     assert "expired and could not be refreshed" in str(error)
     assert "refresh" in str(error.__cause__).lower()
-    assert time.monotonic() - started < 5  # not retried until the total timeout
-    assert stats.attempts_sent == 1 and stats.messages_failed == 1
+    assert stats.attempts_sent == 1 and stats.messages_failed == 1  # not retried until the total timeout
     assert authorizer.publishes == []  # the request never left with a stale token
 
 

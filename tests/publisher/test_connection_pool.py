@@ -388,10 +388,12 @@ def test_with_hedging_a_black_holed_connection_is_left_at_the_first_hedge_that_w
             stats = publisher.stats()
             # Every publish resolved; a hedge on the other connection won whenever an original was
             # caught on the black-holed one, which then got no new attempt while silent (one count of
-            # its attempts for the whole spell), and was replaced by a new TCP connection.
+            # its attempts for the whole spell), and was replaced by a new TCP connection. (On a loaded
+            # machine the other connection may turn silent for a moment too, its hedge slower than 1 s:
+            # it then gets no new attempt either.)
             assert len(ids) == len(set(ids)) > 10
             assert 1 <= stats.hedges_won - hedges_before <= 2
-            assert silent_counts == [1]
+            assert silent_counts and set(silent_counts) == {1}
             wait_until(lambda: sum(c.replacements for c in primary_connections(publisher)) >= 1)
             assert relay.accepted >= 3
             wait_until(lambda: [c.state for c in primary_connections(publisher)] == ["warm", "warm"])

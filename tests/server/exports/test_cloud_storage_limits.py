@@ -18,6 +18,7 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 
 from hedgepub.server import LocalServer
+from hedgepub.server._pubsub import cloud_storage
 from hedgepub.server._pubsub.cloud_storage import PARTIAL_FOLDER
 
 from .test_cloud_storage import files, publish_all, wait_until
@@ -288,3 +289,25 @@ def test_subscriptions_of_two_projects_with_one_id_keep_their_files_apart(
     assert wait_until(lambda: len(files(buckets / "shared")) == 2)
     written = sorted(sorted(path.read_bytes().splitlines()) for path in files(buckets / "shared"))
     assert written == [[b"alpha's", b"more"], [b"beta's", b"more"]]
+
+
+def test_a_file_closes_at_max_file_messages_whatever_max_messages_says(
+    server: LocalServer,
+    buckets: Path,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cloud_storage, "MAX_FILE_MESSAGES", 5)  # 1,000,000: too many to publish here
+    publisher.create_topic(name=TOPIC)
+    subscriber.create_subscription(
+        request={
+            "name": SUBSCRIPTION,
+            "topic": TOPIC,
+            "cloud_storage_config": {"bucket": "many", "max_messages": 1_000_000_000, "text_config": {}},
+        }
+    )
+    publish_all(publisher, [b"m%d" % number for number in range(10)])
+    assert wait_until(lambda: len(files(buckets / "many")) == 2)
+    assert [len(path.read_bytes().splitlines()) for path in files(buckets / "many")] == [5, 5]
+    assert sorted(lines(buckets / "many")) == sorted(b"m%d" % number for number in range(10))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -113,7 +114,9 @@ H = TypeVar("H", bound=LeaseHolder)
 class Lease(Generic[H]):
     """A delivered, unacknowledged message: who holds it and until when."""
 
-    __slots__ = ("ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
+    # __weakref__: the deadline heap refers to leases weakly, so that an ended lease (and its message)
+    # is freed when its subscription drops it, not when its old deadline passes.
+    __slots__ = ("__weakref__", "ack_id", "active", "consumer", "deadline", "entry", "pending", "state")
 
     def __init__(self, ack_id: str, pending: Pending, consumer: Consumer, deadline: float, state: H) -> None:
         self.ack_id = ack_id
@@ -171,6 +174,14 @@ AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
 WithdrawnHook = Callable[[H, list[int]], None]
 
 
+def _current(entry: tuple[float, int, weakref.ReferenceType[Lease[H]]]) -> Lease[H] | None:
+    """The lease of a deadline-heap entry while the entry is its current one and it lasts, else ``None``."""
+    lease = entry[2]()
+    if lease is None or not lease.active or lease.entry != entry[1]:
+        return None
+    return lease
+
+
 class Leasing(Generic[H]):
     """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer, and the
     hooks a subscription (of type ``H``) calls into its owner with."""
@@ -193,7 +204,9 @@ class Leasing(Generic[H]):
         self._ack_prefix = os.urandom(4).hex()
         self._ack_counter = itertools.count(1)
         self._serials = itertools.count(1)
-        self._deadlines: list[tuple[float, int, Lease[H]]] = []
+        #: (deadline, entry serial, the lease, weakly: its subscription's ``leases`` holds it while it
+        #: lasts; a lease acknowledged with a deadline 10 minutes away must not keep its message that long).
+        self._deadlines: list[tuple[float, int, weakref.ReferenceType[Lease[H]]]] = []
         self._heap_counter = itertools.count()
         self._timer: TimerHandle | None = None
         self._timer_at = float("inf")
@@ -222,12 +235,12 @@ class Leasing(Generic[H]):
         """Expire ``lease`` at its current deadline unless it ends or changes before."""
         heap = self._deadlines
         lease.entry = serial = next(self._heap_counter)
-        heapq.heappush(heap, (lease.deadline, serial, lease))
+        heapq.heappush(heap, (lease.deadline, serial, weakref.ref(lease)))
         # An acknowledged lease, or a deadline a ModifyAckDeadline replaced, leaves a stale entry until its
         # old deadline passes; a modack loop would grow the heap without bound. Rebuilding it once stale
         # entries outnumber live leases keeps it within twice the live leases, at O(1) amortized cost.
         if len(heap) > 2 * self.live + 1024:
-            self._deadlines = [entry for entry in heap if entry[2].active and entry[2].entry == entry[1]]
+            self._deadlines = [entry for entry in heap if _current(entry) is not None]
             heapq.heapify(self._deadlines)
 
     def heap_size(self) -> int:
@@ -252,15 +265,15 @@ class Leasing(Generic[H]):
         heap = self._deadlines
         touched: set[H] = set()
         while heap and heap[0][0] <= now:
-            _, serial, lease = heapq.heappop(heap)
-            if not lease.active or lease.entry != serial:
+            lease = _current(heapq.heappop(heap))
+            if lease is None:
                 continue
             lease.state.nack(lease)
             touched.add(lease.state)
         for state in touched:
             state.notify()
         # Drop stale heap entries at the top so the next timer is not set for nothing.
-        while heap and (not heap[0][2].active or heap[0][2].entry != heap[0][1]):
+        while heap and _current(heap[0]) is None:
             heapq.heappop(heap)
         if heap:
             self.schedule(heap[0][0])
