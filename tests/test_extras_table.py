@@ -4,9 +4,8 @@ extra alone brings what the API reference imports (``pip install -e '.[docs]'`` 
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 

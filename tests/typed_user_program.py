@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
-import sys
+from typing import assert_type
 
 import hedgepub
 from hedgepub import (
@@ -26,11 +26,6 @@ from hedgepub import (
     StatusCode,
 )
 from hedgepub.server import FaultRule, LocalServer, StoredMessage
-
-if sys.version_info >= (3, 11):
-    from typing import assert_type
-else:
-    from typing_extensions import assert_type
 
 TOPIC = "projects/my-project/topics/my-topic"
 

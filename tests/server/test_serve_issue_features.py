@@ -84,7 +84,7 @@ def test_tracing_filters_exactly_once_and_replay_through_serve(hedgepub_serve: A
         subscriber.seek(
             request={
                 "subscription": ONCE,
-                "time": datetime.datetime(2001, 1, 1, tzinfo=datetime.timezone.utc),
+                "time": datetime.datetime(2001, 1, 1, tzinfo=datetime.UTC),
             }
         )
         replayed = [once.get(timeout=10), once.get(timeout=10)]

@@ -565,7 +565,7 @@ class GrpcTransport(Transport):
 
         try:
             self.ready = await asyncio.wait_for(watch(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return self.ready
 

@@ -32,7 +32,6 @@ import contextlib
 import datetime
 import os
 import platform
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -252,7 +251,7 @@ async def _measure(
     except asyncio.CancelledError:
         # Ctrl-C: keep what was measured; the publishes still in flight are not waited for
         current = asyncio.current_task()
-        if current is not None and sys.version_info >= (3, 11):  # 3.10's tasks count no cancellations
+        if current is not None:
             current.uncancel()
         for task in tasks:
             task.cancel()
@@ -296,7 +295,7 @@ def _count_stored(servers: Mapping[str, Any], topic: str, expected: set[bytes]) 
 def run_info(duration: float) -> dict[str, Any]:
     """When and where the run happened, for the ``config.run`` entry of ``results.json``."""
     return {
-        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "duration_s": round(duration, 1),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -376,7 +375,7 @@ async def check_reachable(endpoint: str | None, timeout: float) -> None:
         channel = grpc.aio.insecure_channel(target.target, options=CHANNEL_OPTIONS)
     try:
         await asyncio.wait_for(channel.channel_ready(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise RpcError(
             StatusCode.UNAVAILABLE,
             f"no Pub/Sub server answers at {endpoint or target.target} (no connection within {timeout:g} s)",
@@ -471,7 +470,7 @@ async def _run(
             warmup_done = await _warm_up(clients, topics, config, progress)
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if current is not None and sys.version_info >= (3, 11):  # 3.10's tasks count no cancellations
+            if current is not None:
                 current.uncancel()
             raise BenchInterrupted("interrupted during the warm-up: nothing was measured") from None
         if plan is not None:

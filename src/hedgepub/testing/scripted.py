@@ -94,7 +94,7 @@ class ScriptedTransport(Transport):
         except asyncio.CancelledError:
             call.outcome = "cancelled"
             raise
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             call.outcome = "error"
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, "scripted deadline") from None
         except BaseException:

@@ -24,8 +24,8 @@ TOPIC = f"{PROJECT}/topics/ledger"
 OTHER_TOPIC = f"{PROJECT}/topics/other"
 SUBSCRIPTION = f"{PROJECT}/subscriptions/ledger-sub"
 SNAPSHOT = f"{PROJECT}/snapshots/before-the-bug"
-LONG_AGO = datetime.datetime(2001, 1, 1, tzinfo=datetime.timezone.utc)
-FAR_AHEAD = datetime.datetime(2200, 1, 1, tzinfo=datetime.timezone.utc)
+LONG_AGO = datetime.datetime(2001, 1, 1, tzinfo=datetime.UTC)
+FAR_AHEAD = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)
 
 
 def publish(publisher: pubsub_v1.PublisherClient, *data: bytes, topic: str = TOPIC) -> None:
@@ -57,7 +57,7 @@ def test_seek_to_a_snapshot_brings_back_what_it_captured(
     )
     assert snapshot.topic == TOPIC and snapshot.labels["why"] == "bug"
     # Expires 7 days after its oldest unacknowledged message was published (just now).
-    lifetime = snapshot.expire_time - datetime.datetime.now(datetime.timezone.utc)
+    lifetime = snapshot.expire_time - datetime.datetime.now(datetime.UTC)
     assert datetime.timedelta(days=6, hours=23) < lifetime <= datetime.timedelta(days=7)
     publish(publisher, b"c")
     assert drain(subscriber) == [b"a", b"b", b"c"]
@@ -78,7 +78,7 @@ def test_seek_to_a_time_replays_retained_acknowledged_messages(
     )
     publish(publisher, b"old-1", b"old-2")
     assert drain(subscriber) == [b"old-1", b"old-2"]
-    middle = datetime.datetime.now(datetime.timezone.utc)
+    middle = datetime.datetime.now(datetime.UTC)
     publish(publisher, b"new-1")
     assert drain(subscriber) == [b"new-1"]
 

@@ -265,11 +265,10 @@ def http_protocol_factory(
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
         try:
-            # wait_for, not asyncio.timeout: that is Python 3.11's, and 3.10 is supported.
             body = await asyncio.wait_for(request.read(), BODY_TIMEOUT_SECONDS)
         except web.HTTPRequestEntityTooLarge:
             return _too_large()
-        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
+        except TimeoutError:
             message = f"The request body did not arrive within {BODY_TIMEOUT_SECONDS:g} s."
             payload = error_body(grpc.StatusCode.DEADLINE_EXCEEDED, message)
             payload["error"]["code"] = 408

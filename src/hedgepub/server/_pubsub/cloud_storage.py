@@ -311,7 +311,7 @@ class CloudStorageWriter:
             if lease is None:
                 continue  # taken back meanwhile (a Seek): it comes again
             if self._file is None:
-                utc = datetime.datetime.now(datetime.timezone.utc)
+                utc = datetime.datetime.now(datetime.UTC)
                 self._file = await asyncio.to_thread(
                     _OpenFile, self._bucket(state.config), state.config, self._clock.now(), utc
                 )

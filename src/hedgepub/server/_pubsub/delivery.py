@@ -186,7 +186,7 @@ class SubscriptionState:
         self._waiters.add(waiter)
         try:
             await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             self._waiters.discard(waiter)

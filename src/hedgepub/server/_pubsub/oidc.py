@@ -122,7 +122,7 @@ def _self_signed_certificate(private_key: rsa.RSAPrivateKey, key_id: str) -> str
     years after, so that a verifier that does check the dates accepts it.
     """
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"hedgepub push tokens {key_id[:16]}")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)

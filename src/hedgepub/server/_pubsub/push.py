@@ -236,7 +236,7 @@ class PushWorker:
             ) as response:
                 await _discard_body(response)
                 return response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as error:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
             logger.debug("Push to %s failed: %r", endpoint, error)
             return None
 

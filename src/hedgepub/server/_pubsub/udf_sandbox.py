@@ -120,7 +120,7 @@ class _Process:
         try:
             process.stdin.write(_HEADER.pack(len(body)) + body)
             await asyncio.wait_for(process.stdin.drain(), SILENCE_SECONDS)
-        except (OSError, asyncio.TimeoutError) as error:
+        except (TimeoutError, OSError) as error:
             raise await self._died(f"could not be written to ({error or 'timed out'})") from None
 
     async def receive(self) -> Any:
@@ -146,7 +146,7 @@ class _Process:
                 if not chunk:
                     raise await self._died("")
                 buffer += chunk
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise await self._died(f"answered nothing for {SILENCE_SECONDS:g} s and was stopped") from None
         except (OSError, pickle.UnpicklingError, EOFError, ValueError):
             raise await self._died("") from None
@@ -175,7 +175,7 @@ class _Process:
             process.stdin.close()
         try:
             await asyncio.wait_for(process.wait(), 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()

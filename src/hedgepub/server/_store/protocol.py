@@ -77,7 +77,7 @@ class StoredMessage:
             data=bytes(message.data),
             attributes=dict(message.attributes),
             ordering_key=message.ordering_key,
-            publish_time=message.publish_time.ToDatetime(tzinfo=datetime.timezone.utc),
+            publish_time=message.publish_time.ToDatetime(tzinfo=datetime.UTC),
             topic=topic,
         )
 
