@@ -40,6 +40,7 @@ if __package__:  # imported as part of hedgepub (tests, the in-process engine)
     from hedgepub.server._pubsub import udf_engine as engine
 else:  # run as a script by the sandbox: the engine is beside this file (put first even under -P)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # The same module as above, found beside this file: mypy sees neither the path nor a second name.
     import udf_engine as engine  # type: ignore[import-not-found,no-redef]
 
 #: Address space of a worker.
