@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hedgepub.server._store.batch import Batch
-from hedgepub.server._store.group_commit import GroupCommitWriter, Operation, Statement
+from hedgepub.server._store.group_commit import ON_THREAD, GroupCommitWriter, Operation, Statement
 from hedgepub.server._store.protocol import HOLDING_KINDS, ResourceKind, Snapshot, Store, resource_class
 from hedgepub.server._store.sqlite_schema import (
     APPEND,
@@ -76,7 +76,8 @@ class SqliteStore(Store):
         (last_id,) = self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM subscription_ids").fetchone()
         self._next_id = last_id + 1
         #: Every write goes through its thread, folded into group commits.
-        self._writer = GroupCommitWriter(self._connect)
+        # Commits on the event loop when they need no fsync (see group_commit); FULL and EXTRA sync each.
+        self._writer = GroupCommitWriter(self._connect, on_loop=self._synchronous in {"OFF", "NORMAL"})
         # Batches parsed for recent pages (by first sequence), shared by every subscription that reads
         # them: with many subscriptions on one topic, one parsed copy serves all of them instead of one
         # copy each. Bounded by the messages they hold and by their serialized bytes.
@@ -241,7 +242,7 @@ class SqliteStore(Store):
             if identifier is not None:
                 drop_holder(connection, identifier)
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD if identifier is not None else 0)
 
     # ------------------------------------------------------------ replay: holders of references
     def _new_identifier(self, holder: str) -> int | None:
@@ -274,7 +275,7 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             drop_holder(connection, identifier)
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     async def reference(self, holder: str, sequences: Iterable[int]) -> None:
         """Reference stored messages from ``holder`` (those no longer stored are skipped)."""
@@ -288,7 +289,7 @@ class SqliteStore(Store):
             for statement in REFERENCE:
                 connection.executemany(statement, rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def put_snapshot(self, name: str, body: Any, source: str) -> None:
         """The snapshot's row, its id and its references to what ``source`` references, in one
@@ -324,7 +325,7 @@ class SqliteStore(Store):
                 (source_id, identifier),
             )
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
         """The sequences ``holder`` references in ``[low, high)`` (what has been committed)."""
@@ -352,7 +353,7 @@ class SqliteStore(Store):
                 rows,
             )
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def drop_leases(self, subscription: str, sequences: Iterable[int]) -> None:
         """Forget exactly-once leases."""
@@ -364,7 +365,7 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             connection.executemany("DELETE FROM leases WHERE subscription = ? AND sequence = ?", rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     def leases(self, subscription: str) -> list[tuple[int, str, int]]:
         """The recorded leases of a subscription (what has been committed)."""
@@ -390,7 +391,7 @@ class SqliteStore(Store):
                 "UPDATE refs SET attempts = ? WHERE subscription = ? AND sequence = ?", rows
             )
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
         """The delivery attempts recorded in ``(after, through]`` (what has been committed)."""
@@ -474,7 +475,7 @@ class SqliteStore(Store):
         row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids), batch.body(), ids[0])
         if len(ids) == 1 and len(batch) <= OFFSETS:
             # The whole append is one statement, which a commit of its own needs no BEGIN and COMMIT for.
-            await self._write(Statement(APPEND, row))
+            await self._write(Statement(APPEND, row), len(row[5]))
             return
         longer = len(batch) > OFFSETS  # than any Publish request: perhaps than the offsets stored
 
@@ -485,7 +486,7 @@ class SqliteStore(Store):
             for identifier in ids[1:]:
                 connection.execute(NEW_REFERENCES, (first, last, identifier))
 
-        await self._write(operation)
+        await self._write(operation, len(row[5]) + 64 * len(batch) * len(ids))
 
     async def reserve(self, last: int) -> None:
         """Keep the stored next sequence above ``last`` (IDs given to messages that are not stored)."""
@@ -509,7 +510,7 @@ class SqliteStore(Store):
             # here, marked acknowledged with its time, instead of deleting it.
             unreference(connection, rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def clear(self) -> None:
         """Delete everything (message sequence numbers keep growing)."""
@@ -523,15 +524,15 @@ class SqliteStore(Store):
             for table in (*TABLES, "batches", "bodies", "refs", "leases", "activity", "subscription_ids"):
                 connection.execute(f"DELETE FROM {table}")
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     @property
     def commits(self) -> int:
         """Transactions committed (for tests and benchmarks of group commit)."""
         return self._writer.commits
 
-    async def _write(self, operation: Operation) -> None:
-        await self._writer.write(operation)
+    async def _write(self, operation: Operation, size: int = 0) -> None:
+        await self._writer.write(operation, size)
 
     async def close(self) -> None:
         """Let every queued write commit, then stop the writer thread and close the files."""
