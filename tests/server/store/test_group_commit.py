@@ -132,3 +132,16 @@ async def test_sqlite_store_commits_on_the_loop_unless_each_commit_syncs(tmp_pat
             assert (store._writer.loop_commits > 0) is on_loop
         finally:
             await store.close()
+
+
+async def test_a_file_that_cannot_be_opened_fails_the_write(tmp_path: Path) -> None:
+    """An error outside any one write (here: opening the file) fails the step's writes, not hangs them."""
+
+    def connect() -> sqlite3.Connection:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    writer = GroupCommitWriter(connect, on_loop=True)
+    results = await asyncio.gather(
+        writer.write(_insert("a")), writer.write(_insert("b")), return_exceptions=True
+    )
+    assert all(isinstance(result, sqlite3.OperationalError) for result in results)

@@ -170,6 +170,12 @@ class GroupCommitWriter:
             connection = self._open()
             for start in range(0, len(items), _MAX_GROUP):
                 self._commit(connection, items[start : start + _MAX_GROUP], on_loop=True)
+        except Exception as error:
+            # The file could not be opened, or a rollback failed: every write not settled yet fails (a
+            # callback's error would only be logged, leaving its callers waiting for good).
+            for item in items:
+                _resolve(item, error=error, now=True)
+            return
         finally:
             self._using.release()
         self._loop_commits += 1
