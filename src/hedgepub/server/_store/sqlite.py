@@ -1,8 +1,11 @@
-"""The durable :class:`~hedgepub.server._store.protocol.Store`: SQLite in WAL mode, written by one thread.
+"""The durable :class:`~hedgepub.server._store.protocol.Store`: SQLite in WAL mode, one connection for writes.
 
-Every write is queued to a dedicated writer thread, which takes *everything* queued at that moment and
-commits it in one transaction (group commit): many concurrent Publish calls cost one commit, and the
-event loop never waits on the disk. Each caller's future resolves only after the commit that holds its
+Writes are group commits (:mod:`~hedgepub.server._store.group_commit`): those made during one step of the
+event loop in one transaction, committed on the loop when the writer thread holds nothing and no fsync is
+due, otherwise by the writer thread, which takes *everything* queued to it at that moment; many
+concurrent Publish calls cost one commit, and the event loop never waits for an fsync (checkpoints, and
+every commit under ``synchronous="FULL"``, are the thread's). Each caller's future resolves only after
+the commit that holds its
 change, so a Publish is answered only once its messages are on disk; a ``kill -9`` of the server loses
 nothing it acknowledged. With ``synchronous=NORMAL`` (the default) a commit survives the process being
 killed, not a power cut; ``synchronous="FULL"`` survives both, at the cost of an fsync per commit.
