@@ -41,8 +41,9 @@ def test_a_client_left_open_publishes_before_the_interpreter_exits(server: Local
 
 
 def test_the_flush_at_exit_is_bounded_and_leaves_no_future_pending(server: LocalServer, topic: str) -> None:
+    # The server would answer after 30 s, within the child's 60 s: an unbounded flush would see the
+    # publish answered and print NoneType. ShutdownTimeoutError shows the 0.5 s bound held, with no clock.
     server.faults.set("Publish", FaultRule(latency="100%:30s"))
-    started = time.monotonic()
     child = run_child(
         """
         import atexit
@@ -61,7 +62,6 @@ def test_the_flush_at_exit_is_bounded_and_leaves_no_future_pending(server: Local
         """,
         topic,
     )
-    assert time.monotonic() - started < 10
     assert child.stdout.strip() == "ShutdownTimeoutError"
     assert server.messages(topic) == []
 
