@@ -10,7 +10,7 @@ import threading
 import time
 
 import hedgepub
-from hedgepub import PublisherClient, RetrySettings
+from hedgepub import BatchSettings, PublisherClient, RetrySettings
 from hedgepub.server import FaultRule, LocalServer
 
 
@@ -106,3 +106,17 @@ def test_the_one_liner_returns_a_message_id(server: LocalServer, topic: str) -> 
     futures = [hedgepub.PublisherClient().publish(topic, b"%d" % i) for i in range(3)]
     gc.collect()
     assert len({future.result(timeout=10) for future in futures}) == 3
+
+
+def test_a_client_connects_at_its_first_publish_not_in_the_flush_at_exit(
+    server: LocalServer, topic: str
+) -> None:
+    # From Python 3.12 the first gRPC channel of a process cannot be opened at interpreter shutdown: a
+    # client whose first batch would only be sent by the flush at exit must have connected already.
+    # A client that never published has no channel (so it can be inherited by a fork).
+    with PublisherClient(batch_settings=BatchSettings(max_latency=60)) as publisher:
+        assert not publisher._core.routes.connected
+        future = publisher.publish(topic, b"kept open")
+        assert publisher._core.routes.connected
+        assert not future.done()  # the batch waits for its latency: only the channel was opened
+    assert future.result(timeout=10)
