@@ -762,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             address = stack.enter_context(local_server())
 
             def topic_of(name: str) -> str:
-                return create_topic(address, name)
+                # "@" is not allowed in a topic ID: a baseline's topic is TARGET-base.
+                return create_topic(address, name.replace(BASELINE_SUFFIX, "-base"))
 
         if options.profile:
             return profile(options, address, topic_of)

@@ -58,8 +58,10 @@ def test_leaving_with_on_a_closed_port_fails_the_messages_with_unavailable_at_th
         assert line.startswith("ServiceUnavailable UNAVAILABLE UNAVAILABLE: "), line
         assert f"never reached http://127.0.0.1:{closed_port}" in line
         assert f"shutdown gave up after {UNREACHABLE_CLOSE_TIMEOUT:g} s" in line
-    # the interpreter's start, the bound, the channel's close: well under the 20 s the issue saw
-    assert elapsed < UNREACHABLE_CLOSE_TIMEOUT + 10, (elapsed, completed.stderr)
+    # The bound is the behaviour (the messages above say shutdown gave up after it): the child's whole
+    # run, its interpreter's start and imports included, is checked generously, as a loaded machine may
+    # take many seconds to start Python and grpc; the 600 s it waited before would still fail here.
+    assert elapsed < UNREACHABLE_CLOSE_TIMEOUT + 40, (elapsed, completed.stderr)
 
 
 def test_the_async_client_is_bounded_alike(closed_port: int) -> None:

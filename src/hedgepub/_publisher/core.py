@@ -151,6 +151,8 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         self._shutdown_task: asyncio.Future[None] | None = None
         #: Why ``publish`` is refused once the state is no longer OPEN.
         self.refusal = "publish() called after shutdown()"
+        #: Whether the endpoints' channels are open (see :meth:`_open_routes_before_first_batch`).
+        self._routes_open = False
         #: A weak reference to what keeps the sync client alive (see ``PublisherClient._start``): every
         #: batch holds it until it resolves, so that a client nobody references is not shut down while one
         #: of its publishes is pending. ``None`` for the async client.
@@ -332,6 +334,8 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         """:meth:`add` when a batch must be opened (or the message has an ordering key)."""
         if not ordering_key:
             return self._open_own(topic, data, message, size, framed)
+        if not self._routes_open:
+            self._open_routes_before_first_batch()
         with self._lock:
             if self.state is not ClientState.OPEN:
                 raise RuntimeError(self.refusal)
@@ -375,6 +379,8 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         straight to the loop; any other is kept in ``_open`` and queued for the loop to arm its latency
         timer.
         """
+        if not self._routes_open:
+            self._open_routes_before_first_batch()
         ident = key[2]
         self._opening.add(ident)
         try:
@@ -399,6 +405,51 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
         if self._wakeup_needed():
             self._wake_loop()
         return batch, future
+
+    def _open_routes_before_first_batch(self) -> None:
+        """The sync client's first batch: open every endpoint's channels now, on the loop, and return once
+        they are (a no-op for the async client, whose batches are opened on its loop anyway).
+
+        Not later, when the loop sends the first batch: that may be in the flush at exit
+        (``loop_thread._flush_at_exit``), and the first gRPC asyncio channel of a process starts gRPC's
+        poller thread, which from Python 3.12 cannot be started at interpreter shutdown (the channel then
+        crashes the interpreter). Opened here, the channels exist before the exit; and a client made
+        before ``os.fork()`` that never published still has none (see ``PublisherClient``).
+        A failure to open is left to the batch, whose send opens them again and fails with the error.
+        Never called holding the publisher's lock (the loop may take it while the caller waits).
+        """
+        if not self.sync_futures or self._loop is None:
+            return
+        if threading.get_ident() == self._loop_thread:  # a publish from a future's callback
+            self._open_routes()
+            return
+        opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def open_on_loop() -> None:
+            try:
+                self._open_routes()
+            finally:
+                opened.set_result(None)
+
+        loop = self._loop
+        try:
+            loop.call_soon_threadsafe(open_on_loop)
+        except RuntimeError:  # the loop is closed: the publisher is shut down, and publish says so
+            return
+        while True:
+            try:
+                return opened.result(timeout=0.1)
+            except TimeoutError:
+                if not loop.is_running():  # stopped by a shutdown before it ran the call
+                    return
+
+    def _open_routes(self) -> None:
+        """Open the endpoints' channels (on the loop), once; a failure is the first batch's to report."""
+        try:
+            self.routes.open_all()
+        except Exception:
+            _LOGGER.debug("hedgepub: opening the channels before the first batch failed", exc_info=True)
+        self._routes_open = True
 
     def _new_batch(self, topic: str, ordering_key: str, key: tuple[Any, ...]) -> Batch:
         """An empty open batch, to be kept under ``key`` in ``_open``."""

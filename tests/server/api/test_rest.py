@@ -32,7 +32,7 @@ from google.cloud import pubsub_v1
 from google.protobuf import json_format
 
 from hedgepub.server import IamConfig, LocalServer
-from hedgepub.server._api.grpc import PULL_WAIT_SECONDS
+from hedgepub.server._api import grpc as grpc_api
 from hedgepub.server._api.rest import Route, routes
 
 PROJECT_ID = "rest-project"
@@ -513,15 +513,16 @@ def test_refusals_in_googles_json_error_form(
         assert document["error"]["message"]
 
 
-def test_a_pull_answers_within_x_server_timeout(rest: Rest) -> None:
+def test_a_pull_answers_within_x_server_timeout(rest: Rest, monkeypatch: pytest.MonkeyPatch) -> None:
     # gcloud sends X-Server-Timeout; a Pull that waits for messages answers (empty) before it runs out.
+    # Without the header the Pull would wait far longer than the test client's own 30 s socket timeout,
+    # so an answer at all shows the header was taken: no clock is read here.
+    monkeypatch.setattr(grpc_api, "PULL_WAIT_SECONDS", 3600.0)
     topic, subscription = f"{PROJECT}/topics/quiet", f"{PROJECT}/subscriptions/quiet-sub"
     rest.request("PUT", f"/v1/{topic}", {})
     rest.request("PUT", f"/v1/{subscription}", {"topic": topic})
-    started = time.monotonic()
     answer = rest.request("POST", f"/v1/{subscription}:pull", {"maxMessages": 1}, {"X-Server-Timeout": "1"})
     assert answer == (200, {})
-    assert time.monotonic() - started < PULL_WAIT_SECONDS
 
 
 def test_a_client_that_asks_before_sending_its_body_is_told_to_continue(server: LocalServer) -> None:
@@ -640,5 +641,7 @@ def test_a_client_keeping_its_connection_open_does_not_hold_the_server_up() -> N
         assert connection.recv(65536).startswith(b"HTTP/1.1 200 OK")
         started = time.monotonic()
         server.stop(0)
-        assert time.monotonic() - started < 5
+        # The bound is the behaviour (stop(0) must not wait for the connection's next request, which
+        # would never come): generous, as a loaded machine may take seconds to stop the server.
+        assert time.monotonic() - started < 30
         assert connection.recv(65536) == b""  # and the server closed it

@@ -83,7 +83,7 @@ class Consumers:
         self._may_forward = may_forward
         self._refused_forwarding: set[tuple[str, str]] = set()
         #: The lease timers of every subscription.
-        self.leasing = Leasing(clock, self._dead_letter, self._discard, self._attempted, self._withdrawn)
+        self.leasing: Leasing[SubscriptionState] = Leasing(clock, self)
         #: Delivery attempts to record, per subscription (sequence -> count), and the writes under way.
         self._attempts_due: dict[str, dict[int, int]] = {}
         self._attempts_writes: set[asyncio.Task[None]] = set()
@@ -192,18 +192,19 @@ class Consumers:
             self._spawn(self._store.ack(state.name, filtered))
         return [received for received in kept if received.ack_id in state.leases], bool(back)
 
-    def _discard(self, state: SubscriptionState, sequences: list[int]) -> None:
-        # Read from the store but never to be delivered (a filter refused them before a crash let the
-        # publish-time acknowledgement happen): acknowledged now, in the background.
+    # ------------------------------------------------ LeaseOwner: what the subscriptions' leases call
+    def discard(self, state: SubscriptionState, sequences: list[int]) -> None:
+        """Acknowledge, in the background, messages read from the store but never to be delivered (a
+        filter refused them before a crash let the publish-time acknowledgement happen)."""
         self._spawn(self._store.ack(state.name, sequences))
 
-    def _withdrawn(self, state: SubscriptionState, sequences: list[int]) -> None:
-        # Leases ended to keep an ordering key in order: an exactly-once subscription forgets their
-        # records, so that a restart does not restore them ahead of the earlier message redelivered.
+    def withdrawn(self, state: SubscriptionState, sequences: list[int]) -> None:
+        """Leases ended to keep an ordering key in order: an exactly-once subscription forgets their
+        records, so that a restart does not restore them ahead of the earlier message redelivered."""
         if state.config.enable_exactly_once_delivery:
             self._spawn(self._store.drop_leases(state.name, sequences))
 
-    def _attempted(self, state: SubscriptionState, pending: Pending) -> None:
+    def attempted(self, state: SubscriptionState, pending: Pending) -> None:
         """A delivery under a dead-letter policy ended unacknowledged: record its count in the store.
 
         Collected and written by one task per loop step, so a lease timer or a modack that ends many
@@ -230,7 +231,8 @@ class Consumers:
         if self._attempts_writes:
             await asyncio.wait(list(self._attempts_writes))
 
-    def _dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
+    def dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:
+        """``pending`` used up its delivery attempts: forward it to ``topic`` in the background."""
         self._spawn(self._forward_dead_letter(state, pending, topic))
 
     async def _forward_dead_letter(self, state: SubscriptionState, pending: Pending, topic: str) -> None:

@@ -93,8 +93,9 @@ class PubSubCore:
         #: Subscriptions' activity to record (name -> ns since the epoch), written once per loop step.
         self._activity_due: dict[str, int] = {}
         self._activity_written: asyncio.Future[None] | None = None
-        # Expiry deletes through the catalog, built below (the watch is one of its dependencies).
-        self._expiration = ExpirationWatch(clock, self._expire, self._record_activity)
+        # The core is the watch's host: expiry deletes through the catalog, built below (the watch is one
+        # of its dependencies), and activity is written to the store here.
+        self._expiration = ExpirationWatch(clock, self)
         #: The IAM policies set on resources.
         self.policies = policies if policies is not None else IamPolicies(store)
         #: Snapshots, Seek and retention.
@@ -191,11 +192,12 @@ class PubSubCore:
             return 0.0
         return max(0.0, (now_ns - active_ns) / 1e9 - RECORD_EVERY)
 
-    def _expire(self, name: str) -> None:
-        """Expiration timer: the subscription was inactive for its ttl."""
+    # ------------------------------------------------------ ExpirationHost: what the watch calls
+    def expire_subscription(self, name: str) -> None:
+        """Expiration timer: the subscription was inactive for its ttl; the catalog deletes it."""
         self.catalog.expire_subscription(name)
 
-    def _record_activity(self, name: str) -> asyncio.Future[None]:
+    def record_activity(self, name: str) -> asyncio.Future[None]:
         """Expiration: record that ``name`` is active now; one store write per loop step for all. The
         future returned ends once the record is written (or failed to be: that is logged, not raised)."""
         due = self._activity_due

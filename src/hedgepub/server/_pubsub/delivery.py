@@ -286,7 +286,7 @@ class SubscriptionState:
                     pending.attempts = counts.get(sequence, 0)
                 self._place(pending)
         if refused:
-            self.leasing.discard(self, refused)
+            self.leasing.owner.discard(self, refused)
         # A page cut short by its bytes leaves more behind, as one cut short by its count may.
         self.more = len(page) >= room or sum(message.ByteSize() for _, message in page) >= byte_room
         return bool(page)
@@ -466,15 +466,14 @@ class SubscriptionState:
         policy = self.dead_letter_policy
         if policy is None:
             return False
-        if self.leasing.attempted is not None:
-            self.leasing.attempted(self, pending)
+        self.leasing.owner.attempted(self, pending)
         if pending.attempts < policy.max_delivery_attempts:
             return False
         self.forwarding.add(pending)
         if line is not None:
             line.blocked += 1
             settle(self, line)
-        self.leasing.dead_letter(self, pending, policy.dead_letter_topic)
+        self.leasing.owner.dead_letter(self, pending, policy.dead_letter_topic)
         return True
 
     def transform_failed(self, lease: Lease[SubscriptionState], failure: Exception) -> None:

@@ -8,25 +8,25 @@ before activity was recorded). One timer per subscription runs on the injected c
 records a time, and the timer, when it fires, either deletes the subscription or sets itself for the new
 end of the ttl. A subscription whose policy has no ttl never expires.
 
-The inactivity clock survives a restart, coarsely: activity goes to the ``record`` hook (which the core
-writes to the store with the calendar time) when the subscription's last record is :data:`RECORD_EVERY`
-old or more, and every :data:`RECORD_EVERY` while a StreamingPull stream is open. So the last activity is
-less than that after the recorded one, and after a restart the clock goes on from the recorded time plus
-that bound: a subscription may expire up to a minute later than without the restart, never earlier. A
-minute is nothing next to a ttl of at least a day (under 0.07%), and a subscriber that pulls all the time
-costs one small write a minute instead of one per call.
+The inactivity clock survives a restart, coarsely: activity goes to the host's ``record_activity`` (which
+the core writes to the store with the calendar time) when the subscription's last record is
+:data:`RECORD_EVERY` old or more, and every :data:`RECORD_EVERY` while a StreamingPull stream is open. So
+the last activity is less than that after the recorded one, and after a restart the clock goes on from
+the recorded time plus that bound: a subscription may expire up to a minute later than without the
+restart, never earlier. A minute is nothing next to a ttl of at least a day (under 0.07%), and a
+subscriber that pulls all the time costs one small write a minute instead of one per call.
 
 A record is durable before the answer that depends on it: :meth:`ExpirationWatch.touch` returns what the
-record hook returned (an awaitable that ends once the record is written, or ``None`` when nothing was
-due), and a Pull, Acknowledge or Seek awaits it before it answers, so a server killed just after
-answering cannot come back with an older record and expire the subscription early.
+host's ``record_activity`` returned (an awaitable that ends once the record is written, or ``None`` when
+nothing was due), and a Pull, Acknowledge or Seek awaits it before it answers, so a server killed just
+after answering cannot come back with an older record and expire the subscription early.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 from hedgepub._clock import Clock, TimerHandle
 from hedgepub.server._pubsub.limits import expiration_ttl
@@ -50,22 +50,26 @@ class _Watched:
         self.timer: TimerHandle | None = None
 
 
+class ExpirationHost(Protocol):
+    """What the watch calls into: the composition root (:class:`.core.PubSubCore`), which holds both the
+    catalog that deletes subscriptions and the store the activity is written to (the catalog itself
+    depends on the watch, so it cannot be handed to it)."""
+
+    def expire_subscription(self, name: str) -> None:
+        """The subscription was inactive for its ttl: delete it."""
+
+    def record_activity(self, name: str) -> Awaitable[None] | None:
+        """Store that ``name`` is active now; an awaitable that ends once it is written, or ``None``."""
+
+
 class ExpirationWatch:
-    """Keeps the inactivity deadline of every subscription and calls ``expire(name)`` when one passes.
+    """Keeps the inactivity deadline of every subscription and has its ``host`` expire one whose deadline
+    passes, and record a subscription's activity when it should be stored (see the module's docstring
+    for when)."""
 
-    ``record(name)``, if given, is called when a subscription's activity now should be stored (see the
-    module's docstring for when).
-    """
-
-    def __init__(
-        self,
-        clock: Clock,
-        expire: Callable[[str], None],
-        record: Callable[[str], Awaitable[None] | None] | None = None,
-    ) -> None:
+    def __init__(self, clock: Clock, host: ExpirationHost) -> None:
         self._clock = clock
-        self._expire = expire
-        self._record = record
+        self._host = host
         self._watched: dict[str, _Watched] = {}
         #: subscriptions with an open stream, recorded as active every RECORD_EVERY by one timer
         self._streaming: set[str] = set()
@@ -98,11 +102,11 @@ class ExpirationWatch:
         self, name: str, watched: _Watched, now: float, *, record: bool = False
     ) -> Awaitable[None] | None:
         """The subscription is active at ``now``: remember it, and have it recorded if it is time to (or
-        ``record``); what the record hook returned (awaitable until it is written), else None."""
+        ``record``); what the host's record_activity returned (awaitable until it is written), else None."""
         watched.last_active = now
-        if self._record is not None and (record or now - watched.recorded >= RECORD_EVERY):
+        if record or now - watched.recorded >= RECORD_EVERY:
             watched.recorded = now
-            return self._record(name)
+            return self._host.record_activity(name)
         return None
 
     def _arm(self, name: str, watched: _Watched, delay: float) -> None:
@@ -122,7 +126,7 @@ class ExpirationWatch:
         logger.info(
             "Subscription %s was inactive for %gs (its expiration ttl): deleting it.", name, watched.ttl
         )
-        self._expire(name)
+        self._host.expire_subscription(name)
 
     def touch(self, name: str) -> Awaitable[None] | None:
         """The subscription was used now. Returns an awaitable when that is being recorded (await it
@@ -139,7 +143,7 @@ class ExpirationWatch:
             watched.streams += 1
             self._active(name, watched, self._clock.now())
             self._streaming.add(name)
-            if self._ticker is None and self._record is not None:
+            if self._ticker is None:
                 self._ticker = self._clock.call_later(RECORD_EVERY, self._tick)
 
     def stream_closed(self, name: str) -> None:

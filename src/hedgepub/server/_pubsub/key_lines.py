@@ -144,8 +144,8 @@ def take_back_after(state: SubscriptionState, line: KeyLine, sequence: int) -> l
     while leased and not leased[0].active:
         leased.popleft()
     back.reverse()
-    if back and state.leasing.withdrawn is not None:
-        state.leasing.withdrawn(state, [pending.sequence for pending in back])
+    if back:
+        state.leasing.owner.withdrawn(state, [pending.sequence for pending in back])
     return back
 
 

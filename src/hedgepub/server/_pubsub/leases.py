@@ -107,7 +107,7 @@ class LeaseHolder(Protocol):
         """Wake whoever waits for the subscription's ready messages."""
 
 
-#: The holder type of a :class:`Lease` and a :class:`Leasing`; the hooks below are called with it.
+#: The holder type of a :class:`Lease` and a :class:`Leasing`; a :class:`LeaseOwner` is called with it.
 H = TypeVar("H", bound=LeaseHolder)
 
 
@@ -158,20 +158,33 @@ def retry_delay(policy: Any | None, attempts: int) -> float:
     return min(maximum, minimum * 2.0**doublings)
 
 
-#: Called when a message used up its delivery attempts: (subscription state, message, dead-letter topic).
-DeadLetterHook = Callable[[H, Pending, str], None]
-#: Called with sequences read from the store that must be acknowledged without delivery (filtered out).
-DiscardHook = Callable[[H, list[int]], None]
 #: Reads a page of a subscription's backlog from the store: (subscription, after sequence, limit).
 PageSource = Callable[[str, int, int, int], Sequence[tuple[int, Any]]]
-#: Called when a delivery on a subscription with a dead-letter policy ended unacknowledged (nack or
-#: deadline), with the message's count of deliveries so far.
-AttemptsHook = Callable[[H, Pending], None]
 #: Reads the recorded delivery attempts of a page: (subscription, after sequence, through sequence).
 AttemptsSource = Callable[[str, int, int], Mapping[int, int]]
-#: Called with the sequences whose leases the service took back to keep an ordering key in order (a
-#: redelivery of an earlier message of the key): exactly-once subscriptions forget their recorded leases.
-WithdrawnHook = Callable[[H, list[int]], None]
+
+#: The holder type a :class:`LeaseOwner` is called with (contravariant, as it is only taken).
+H_contra = TypeVar("H_contra", bound=LeaseHolder, contravariant=True)
+
+
+class LeaseOwner(Protocol[H_contra]):
+    """The part leases call into when a lease ends in something the subscription cannot settle alone
+    (store writes, forwarding): the consumers (:class:`.consumers.Consumers`). The seam keeps this module
+    and the subscription's state free of the store."""
+
+    def dead_letter(self, state: H_contra, pending: Pending, topic: str) -> None:
+        """``pending`` used up its delivery attempts on ``state``: forward it to ``topic``."""
+
+    def discard(self, state: H_contra, sequences: list[int]) -> None:
+        """Messages read from the store that must be acknowledged without delivery (filtered out)."""
+
+    def attempted(self, state: H_contra, pending: Pending) -> None:
+        """A delivery under a dead-letter policy ended unacknowledged (nack or deadline); ``pending``
+        carries its count of deliveries so far."""
+
+    def withdrawn(self, state: H_contra, sequences: list[int]) -> None:
+        """The service took these leases back to keep an ordering key in order (a redelivery of an
+        earlier message of the key): exactly-once subscriptions forget their recorded leases."""
 
 
 def _current(entry: tuple[float, int, weakref.ReferenceType[Lease[H]]]) -> Lease[H] | None:
@@ -184,21 +197,12 @@ def _current(entry: tuple[float, int, weakref.ReferenceType[Lease[H]]]) -> Lease
 
 class Leasing(Generic[H]):
     """What every subscription shares: the clock, ack IDs, the lease-deadline heap and its timer, and the
-    hooks a subscription (of type ``H``) calls into its owner with."""
+    owner a subscription (of type ``H``) calls into when a lease ends in a store write or a forwarding."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        dead_letter: DeadLetterHook[H],
-        discard: DiscardHook[H],
-        attempted: AttemptsHook[H] | None = None,
-        withdrawn: WithdrawnHook[H] | None = None,
-    ) -> None:
+    def __init__(self, clock: Clock, owner: LeaseOwner[H]) -> None:
         self.clock = clock
-        self.dead_letter = dead_letter
-        self.discard = discard
-        self.attempted = attempted
-        self.withdrawn = withdrawn
+        #: Called by the subscriptions sharing this leasing (see :class:`LeaseOwner`).
+        self.owner = owner
         # A per-process prefix keeps ack IDs handed out before a restart from matching new leases; the
         # holder's serial in the middle tells the ack IDs of one subscription from another's.
         self._ack_prefix = os.urandom(4).hex()

@@ -1,8 +1,11 @@
-"""The durable :class:`~hedgepub.server._store.protocol.Store`: SQLite in WAL mode, written by one thread.
+"""The durable :class:`~hedgepub.server._store.protocol.Store`: SQLite in WAL mode, one connection for writes.
 
-Every write is queued to a dedicated writer thread, which takes *everything* queued at that moment and
-commits it in one transaction (group commit): many concurrent Publish calls cost one commit, and the
-event loop never waits on the disk. Each caller's future resolves only after the commit that holds its
+Writes are group commits (:mod:`~hedgepub.server._store.group_commit`): those made during one step of the
+event loop in one transaction, committed on the loop when the writer thread holds nothing and no fsync is
+due, otherwise by the writer thread, which takes *everything* queued to it at that moment; many
+concurrent Publish calls cost one commit, and the event loop never waits for an fsync (checkpoints, and
+every commit under ``synchronous="FULL"``, are the thread's). Each caller's future resolves only after
+the commit that holds its
 change, so a Publish is answered only once its messages are on disk; a ``kill -9`` of the server loses
 nothing it acknowledged. With ``synchronous=NORMAL`` (the default) a commit survives the process being
 killed, not a power cut; ``synchronous="FULL"`` survives both, at the cost of an fsync per commit.
@@ -12,13 +15,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
+import itertools
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hedgepub.server._store.batch import Batch
-from hedgepub.server._store.group_commit import GroupCommitWriter, Operation, Statement
+from hedgepub.server._store.group_commit import ON_THREAD, GroupCommitWriter, Operation, Statement
 from hedgepub.server._store.protocol import HOLDING_KINDS, ResourceKind, Snapshot, Store, resource_class
 from hedgepub.server._store.sqlite_schema import (
     APPEND,
@@ -26,14 +31,19 @@ from hedgepub.server._store.sqlite_schema import (
     HIGHEST,
     HOLDERS,
     KEEP,
-    NEW_REFERENCES,
+    NEW_SPAN,
     OFFSETS,
     REFERENCE,
+    SPANS,
     TABLES,
     connect,
+    covering_spans,
     drop_holder,
+    holding_first,
     keep_counter_above,
     migrate,
+    split_all_spans,
+    split_spans,
     unreference,
 )
 
@@ -42,16 +52,28 @@ from hedgepub.server._store.sqlite_schema import (
 _HOLDING = "SELECT first FROM batches WHERE first <= {} ORDER BY first DESC LIMIT 1"
 
 
+def _spanned(spans: Iterable[tuple[int, int]], low: int, high: int) -> Iterator[tuple[int, int]]:
+    """The (sequence, first of its batch) of every message the spans (first, last) cover in
+    ``[low, high)``, in order."""
+    for first, last in spans:
+        if first >= high:
+            return
+        for sequence in range(max(first, low), min(last + 1, high)):
+            yield sequence, first
+
+
 class SqliteStore(Store):
     """A :class:`~hedgepub.server._store.protocol.Store` in one SQLite file (WAL), with group commit.
 
     A Publish request's messages are one batch: a row of ``batches`` (sequences, topic, publish time, live
     references) and one of ``bodies`` (the request serialized once); appending does no Python work per
-    message. Each subscription that has not acknowledged a message holds a row of ``refs`` (subscription
-    id, sequence, and the deliveries that ended unacknowledged, counted under a dead-letter policy),
-    generated inside SQLite. The last reference to a batch's messages takes the batch with it. New files
-    use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they are a quarter of the file the
-    writer hands them back in small steps.
+    message. Each subscription references a new batch's messages by one row of ``spans`` (its id and the
+    batch's first sequence); once one of them is acknowledged, or gets a delivery attempt recorded, the
+    span becomes a row of ``refs`` per message it has not acknowledged (subscription id, sequence, and the
+    deliveries that ended unacknowledged, counted under a dead-letter policy), generated inside SQLite;
+    a span acknowledged whole goes as one row. The last reference to a batch's messages takes the batch
+    with it. New files use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they are a
+    quarter of the file the writer hands them back in small steps.
     """
 
     def __init__(
@@ -76,7 +98,8 @@ class SqliteStore(Store):
         (last_id,) = self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM subscription_ids").fetchone()
         self._next_id = last_id + 1
         #: Every write goes through its thread, folded into group commits.
-        self._writer = GroupCommitWriter(self._connect)
+        # Commits on the event loop when they need no fsync (see group_commit); FULL and EXTRA sync each.
+        self._writer = GroupCommitWriter(self._connect, on_loop=self._synchronous in {"OFF", "NORMAL"})
         # Batches parsed for recent pages (by first sequence), shared by every subscription that reads
         # them: with many subscriptions on one topic, one parsed copy serves all of them instead of one
         # copy each. Bounded by the messages they hold and by their serialized bytes.
@@ -126,15 +149,20 @@ class SqliteStore(Store):
         identifier = self._ids.get(subscription)
         if identifier is None:
             return []
-        rows = self._reader.execute(
+        reader = self._reader
+        rows = reader.execute(
             f"SELECT r.sequence, ({_HOLDING.format('r.sequence')}) FROM refs r "
             "WHERE r.subscription = ? AND r.sequence > ? ORDER BY r.sequence LIMIT ?",
             (identifier, after, limit),
         )
+        spans = reader.execute(SPANS, (identifier, holding_first(reader, after + 1), 2**62))
         page = []
         read = 0
         batch: Batch | None = None
-        for sequence, first in rows:  # stepped row by row: rows past the byte bound are never read
+        # Rows and spans never cover one message twice; both are stepped as needed: nothing past the
+        # limit or the byte bound is read.
+        merged = heapq.merge(rows, _spanned(spans, after + 1, 2**62))
+        for sequence, first in itertools.islice(merged, limit):
             if batch is None or batch.first != first:
                 batch = self._batch(first)
             if batch is None or sequence >= batch.end:
@@ -146,6 +174,7 @@ class SqliteStore(Store):
                 if read >= max_bytes:
                     break
         rows.close()
+        spans.close()
         return page
 
     def _batch(self, first: int | None) -> Batch | None:
@@ -192,6 +221,9 @@ class SqliteStore(Store):
         found: list[tuple[int, Any]] = []
         for first, last, publish_ns, body in rows:
             batch = Batch.from_body(first, topic, publish_ns, body)
+            if self._spanned(first):
+                found.extend((sequence, batch.message(sequence)) for sequence in range(first, last + 1))
+                continue
             # The batch's messages some holder still references (one seek per holder).
             kept = connection.execute(
                 f"SELECT DISTINCT sequence FROM refs WHERE subscription IN ({HOLDERS}) "
@@ -200,6 +232,15 @@ class SqliteStore(Store):
             ).fetchall()
             found.extend((sequence, batch.message(sequence)) for (sequence,) in kept)
         return found
+
+    def _spanned(self, first: int) -> bool:
+        """Whether some holder's span covers the batch starting at ``first`` (one seek per holder)."""
+        return (
+            self._reader.execute(
+                f"SELECT 1 FROM spans WHERE subscription IN ({HOLDERS}) AND first = ? LIMIT 1", (first,)
+            ).fetchone()
+            is not None
+        )
 
     def file_bytes(self) -> int:
         """Size of the database file and its WAL on disk, in bytes."""
@@ -241,7 +282,7 @@ class SqliteStore(Store):
             if identifier is not None:
                 drop_holder(connection, identifier)
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD if identifier is not None else 0)
 
     # ------------------------------------------------------------ replay: holders of references
     def _new_identifier(self, holder: str) -> int | None:
@@ -274,7 +315,7 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             drop_holder(connection, identifier)
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     async def reference(self, holder: str, sequences: Iterable[int]) -> None:
         """Reference stored messages from ``holder`` (those no longer stored are skipped)."""
@@ -288,7 +329,7 @@ class SqliteStore(Store):
             for statement in REFERENCE:
                 connection.executemany(statement, rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def put_snapshot(self, name: str, body: Any, source: str) -> None:
         """The snapshot's row, its id and its references to what ``source`` references, in one
@@ -308,6 +349,10 @@ class SqliteStore(Store):
             )
             if source_id is None:
                 return
+            # Both as a row per message, so that the copy below sees every reference (a backlog's
+            # spans become rows here, as the snapshot's own references would be anyway).
+            split_all_spans(connection, source_id)
+            split_all_spans(connection, identifier)
             # Counted first, per batch, for the messages the snapshot does not reference yet (a publish
             # committed in the same group may have referenced it already); then the references are copied.
             new = (
@@ -324,19 +369,22 @@ class SqliteStore(Store):
                 (source_id, identifier),
             )
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     def referenced(self, holder: str, low: int = 0, high: int | None = None) -> list[int]:
         """The sequences ``holder`` references in ``[low, high)`` (what has been committed)."""
         identifier = self._ids.get(holder)
         if identifier is None:
             return []
-        rows = self._reader.execute(
-            "SELECT sequence FROM refs WHERE subscription = ? AND sequence >= ? AND sequence < ? "
+        reader = self._reader
+        end = high if high is not None else 2**62
+        rows = reader.execute(
+            "SELECT sequence, 0 FROM refs WHERE subscription = ? AND sequence >= ? AND sequence < ? "
             "ORDER BY sequence",
-            (identifier, low, high if high is not None else 2**62),
+            (identifier, low, end),
         ).fetchall()
-        return [sequence for (sequence,) in rows]
+        spans = reader.execute(SPANS, (identifier, holding_first(reader, low), end)).fetchall()
+        return [sequence for sequence, _ in heapq.merge(rows, _spanned(spans, low, end))]
 
     async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
         """Record exactly-once leases (replacing earlier ones of the same messages)."""
@@ -352,7 +400,7 @@ class SqliteStore(Store):
                 rows,
             )
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def drop_leases(self, subscription: str, sequences: Iterable[int]) -> None:
         """Forget exactly-once leases."""
@@ -364,7 +412,7 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             connection.executemany("DELETE FROM leases WHERE subscription = ? AND sequence = ?", rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     def leases(self, subscription: str) -> list[tuple[int, str, int]]:
         """The recorded leases of a subscription (what has been committed)."""
@@ -384,13 +432,17 @@ class SqliteStore(Store):
         if identifier is None or not attempts:
             return
         rows = [(count, identifier, sequence) for sequence, count in attempts]
+        sequences = sorted({sequence for sequence, _ in attempts})
 
         def operation(connection: sqlite3.Connection) -> None:
+            # A count needs the message's own row: spans over these messages become rows first.
+            whole, partial = covering_spans(connection, identifier, sequences)
+            split_spans(connection, identifier, [first for first, _ in whole] + partial)
             connection.executemany(
                 "UPDATE refs SET attempts = ? WHERE subscription = ? AND sequence = ?", rows
             )
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     def attempts(self, subscription: str, after: int, through: int) -> dict[int, int]:
         """The delivery attempts recorded in ``(after, through]`` (what has been committed)."""
@@ -447,6 +499,8 @@ class SqliteStore(Store):
         if row is None:
             return None
         # A stored batch holds at least one stored message (it goes with its last reference).
+        if self._spanned(row[0]):
+            return int(row[0])
         (sequence,) = connection.execute(
             f"SELECT MIN(sequence) FROM refs WHERE subscription IN ({HOLDERS}) AND sequence BETWEEN ? AND ?",
             (row[0], row[1]),
@@ -457,9 +511,9 @@ class SqliteStore(Store):
         """Store a batch once and reference its messages from each subscription; returns after the commit.
 
         One row for the batch and one for its body (serialized here, on the caller's thread, before anyone
-        stamps its messages in place); the references are generated inside SQLite, so no Python work or
-        binding is done per message. Batch, body and the first holder's references are one statement
-        (:data:`APPEND`, a trigger on a view), each further holder's references one more.
+        stamps its messages in place), and one span per holder over all its messages: nothing is done or
+        written per message. Batch, body and the first holder's span are one statement (:data:`APPEND`, a
+        trigger on a view), each further holder's span one more.
         """
         if not len(batch):
             return
@@ -474,7 +528,7 @@ class SqliteStore(Store):
         row = (first, last, batch.topic, batch.publish_ns, len(batch) * len(ids), batch.body(), ids[0])
         if len(ids) == 1 and len(batch) <= OFFSETS:
             # The whole append is one statement, which a commit of its own needs no BEGIN and COMMIT for.
-            await self._write(Statement(APPEND, row))
+            await self._write(Statement(APPEND, row), len(row[5]))
             return
         longer = len(batch) > OFFSETS  # than any Publish request: perhaps than the offsets stored
 
@@ -482,10 +536,9 @@ class SqliteStore(Store):
             if longer:
                 connection.execute(EXTEND_OFFSETS, (len(batch),))
             connection.execute(APPEND, row)
-            for identifier in ids[1:]:
-                connection.execute(NEW_REFERENCES, (first, last, identifier))
+            connection.executemany(NEW_SPAN, [(identifier, first) for identifier in ids[1:]])
 
-        await self._write(operation)
+        await self._write(operation, len(row[5]) + 64 * len(ids))
 
     async def reserve(self, last: int) -> None:
         """Keep the stored next sequence above ``last`` (IDs given to messages that are not stored)."""
@@ -509,7 +562,7 @@ class SqliteStore(Store):
             # here, marked acknowledged with its time, instead of deleting it.
             unreference(connection, rows)
 
-        await self._write(operation)
+        await self._write(operation, 64 * len(rows))
 
     async def clear(self) -> None:
         """Delete everything (message sequence numbers keep growing)."""
@@ -520,18 +573,27 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             keep_counter_above(connection, HIGHEST)
             # Batches before references, so that the references' trigger finds no batch left to count.
-            for table in (*TABLES, "batches", "bodies", "refs", "leases", "activity", "subscription_ids"):
+            for table in (
+                *TABLES,
+                "batches",
+                "bodies",
+                "refs",
+                "spans",
+                "leases",
+                "activity",
+                "subscription_ids",
+            ):
                 connection.execute(f"DELETE FROM {table}")
 
-        await self._write(operation)
+        await self._write(operation, ON_THREAD)
 
     @property
     def commits(self) -> int:
         """Transactions committed (for tests and benchmarks of group commit)."""
         return self._writer.commits
 
-    async def _write(self, operation: Operation) -> None:
-        await self._writer.write(operation)
+    async def _write(self, operation: Operation, size: int = 0) -> None:
+        await self._writer.write(operation, size)
 
     async def close(self) -> None:
         """Let every queued write commit, then stop the writer thread and close the files."""
