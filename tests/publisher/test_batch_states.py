@@ -122,3 +122,10 @@ def test_a_keyed_batch_waits_queued_behind_its_key_then_is_sent_in_order() -> No
     finally:
         released.set()
         publisher.shutdown()
+
+
+def test_batch_states_hash_as_the_objects_they_are() -> None:
+    # Batch.move looks states up in TRANSITIONS on every move: hashed in C, equal only to themselves.
+    assert all(hash(state) == object.__hash__(state) for state in BatchState)
+    assert {state: state.value for state in BatchState}[BatchState.SENDING] == "sending"
+    assert BatchState("done") is BatchState.DONE and BatchState.DONE != "done"

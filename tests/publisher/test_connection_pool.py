@@ -145,6 +145,20 @@ async def test_a_connection_still_connecting_gets_no_attempt_while_another_is_re
     await publisher.shutdown()
 
 
+@virtual_time
+async def test_pick_ready_names_the_ready_connection_and_none_while_choose_would_wait() -> None:
+    connections = [ScriptedTransport(), ScriptedTransport()]
+    pool = ConnectionPool(ready=connections, clock=DEFAULT_CLOCK)
+    pool.open()
+    assert pool.pick_ready() == 0 and pool.pick_ready(avoid={0}) == 1
+    connections[0].ready = False  # connecting
+    assert pool.pick_ready() == 1 and pool.pick_ready(avoid={1}) is None
+    assert await pool.choose(avoid={1}) == 0  # nothing else to choose between: gRPC waits on it
+    connections[1].ready = False
+    assert pool.pick_ready() is None
+    await pool.close()
+
+
 # Rule 26: a silent connection is left, probed, and comes back once it answers ---------------------------
 
 
@@ -212,6 +226,24 @@ async def test_a_slow_server_answering_its_probes_keeps_every_connection_in_use(
     assert [len(connection.probes) for connection in connections] == [5, 0]  # one per 2 s attempt
     assert [c.state for c in publisher.stats().endpoints["primary"].connections] == ["warm", "warm"]
     await publisher.shutdown()
+
+
+@virtual_time
+async def test_only_an_attempt_that_ends_answered_makes_its_silent_connection_warm() -> None:
+    connections = [ScriptedTransport(), ScriptedTransport()]
+    for connection in connections:
+        connection.probe_delay = None  # probes go unanswered: only attempts can make a connection warm
+    pool = ConnectionPool(ready=connections, clock=DEFAULT_CLOCK)
+    pool.open()
+    first, second = pool.start(0), pool.start(0)
+    await asyncio.sleep(SILENCE_AFTER)
+    assert [s.state for s in pool.snapshot()] == ["silent", "warm"]
+    pool.ended(first)  # cancelled, or failed without the server's answer
+    assert [(s.state, s.attempts_in_flight) for s in pool.snapshot()] == [("silent", 1), ("warm", 0)]
+    pool.ended(second, answered=True)
+    assert [(s.state, s.attempts_in_flight) for s in pool.snapshot()] == [("warm", 0), ("warm", 0)]
+    assert pool.pick_ready() == 0
+    await pool.close()
 
 
 @virtual_time

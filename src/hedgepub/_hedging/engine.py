@@ -107,6 +107,10 @@ class TimerKind(enum.Enum):
     #: The batch's total timeout.
     DEADLINE = "deadline"
 
+    # Hashed as the object it is (Enum compares by identity), in C: a Timer is a key of the driver's
+    # timers, hashed on each start and cancel, and Enum's own __hash__ is a Python call.
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True)
 class Timer:

@@ -114,6 +114,10 @@ class BatchState(enum.Enum):
     #: Every future has its result or error.
     DONE = "done"
 
+    # A member is its own identity (Enum compares by it): hashed as an object, in C, rather than by
+    # Enum's Python-level __hash__, on each of a batch's moves (Batch.move looks it up in TRANSITIONS).
+    __hash__ = object.__hash__
+
 
 class IllegalTransition(RuntimeError):
     """A batch was moved to a state its table (:data:`TRANSITIONS`) does not lead to: a bug in the

@@ -127,15 +127,20 @@ class BatchSender:
             counts.in_flight += 1
             lease: Lease | None = None
             pool: ConnectionPool | None = None
+            answered = False
             try:
                 pool = routes.pool(index)
                 if pool.size == 1:
                     member = 0
                 else:
-                    avoid = {other.member for other, where in running.items() if where == index}
+                    avoid: set[int] = set()
+                    if running:  # most attempts are a batch's only one: nothing to avoid
+                        avoid = {other.member for other, where in running.items() if where == index}
                     if attempt_number == 0 and failed_on[0] is not None and failed_on[0][0] == index:
                         avoid.add(failed_on[0][1])
-                    member = await pool.choose(avoid, timeout)
+                    # A ready connection (the usual case) without the coroutine that waiting would take.
+                    ready = pool.pick_ready(avoid)
+                    member = await pool.choose(avoid, timeout) if ready is None else ready
                 lease = pool.start(member)
                 running[lease] = index
                 transport = lease.transport
@@ -145,6 +150,7 @@ class BatchSender:
                         request_metadata(topic, batch_id, attempt_number, started) + extra_metadata
                     )
                 ids = await transport.publish(wire, metadata, timeout)
+                answered = True
             except asyncio.CancelledError:
                 winner = won_on[0]
                 if lease is not None and pool is not None and winner is not None and winner[0] == index:
@@ -156,18 +162,16 @@ class BatchSender:
                 counts.last_unreachable = connected is False
                 recorder.failed(error, connected, clock.now())
                 if lease is not None and pool is not None:
-                    if _answered_by_server(error, connected):
-                        pool.answered(lease)
+                    answered = _answered_by_server(error, connected)
                     if attempt_number == 0:
                         failed_on[0] = (index, lease.member)
                 raise
             finally:
                 if lease is not None and pool is not None:
-                    pool.ended(lease)
+                    pool.ended(lease, answered)  # an answer (IDs, or the server's status) makes it warm
                     del running[lease]
                 recorder.ended()
                 counts.in_flight -= 1
-            pool.answered(lease)
             won_on[0] = (index, lease.member)
             now = clock.now()
             recorder.answered(now - sent_at, now)

@@ -212,14 +212,23 @@ class ConnectionPool:
                 best, best_rank = member.index, rank
         return best
 
-    async def choose(self, avoid: Collection[int] = (), timeout: float = CONNECT_WAIT) -> int:
-        """:meth:`pick`, but while no warm connection outside ``avoid`` is ready, first wait (at most
-        ``timeout``) for the first of them to get ready (rule 25): with two connections opening at once,
-        an attempt rides whichever finishes its handshake first, not the first one whose SYN was lost."""
+    def pick_ready(self, avoid: Collection[int] = ()) -> int | None:
+        """:meth:`pick` when the connection it names is warm and ready (so :meth:`choose` would not wait),
+        else ``None``: the sender's way to the usual case without a coroutine per attempt."""
         chosen = self.pick(avoid)
         member = self._members[chosen]
         if member.state is ConnectionState.WARM and member.transport.ready:
             return chosen
+        return None
+
+    async def choose(self, avoid: Collection[int] = (), timeout: float = CONNECT_WAIT) -> int:
+        """:meth:`pick`, but while no warm connection outside ``avoid`` is ready, first wait (at most
+        ``timeout``) for the first of them to get ready (rule 25): with two connections opening at once,
+        an attempt rides whichever finishes its handshake first, not the first one whose SYN was lost."""
+        ready = self.pick_ready(avoid)
+        if ready is not None:
+            return ready
+        chosen = self.pick(avoid)
         candidates = [
             candidate
             for candidate in self._members
@@ -249,11 +258,14 @@ class ConnectionPool:
             self._check = self._clock.call_later(SILENCE_AFTER, self._check_silence)
         return lease
 
-    def ended(self, lease: Lease) -> None:
-        """The attempt of ``lease`` is over, however it ended."""
+    def ended(self, lease: Lease, answered: bool = False) -> None:
+        """The attempt of ``lease`` is over, however it ended; ``answered``: with an answer from the other
+        end, as :meth:`answered` says (one call for both, once per attempt)."""
         member = self._members[lease.member] if lease.member < len(self._members) else None
         if member is not None and member.generation == lease.generation:
             member.in_flight.pop(lease, None)
+            if answered:
+                self._heard_from(member, self._clock.now())
 
     def answered(self, lease: Lease) -> None:
         """The attempt of ``lease`` got an answer from the other end (message IDs or a status it sent)."""
