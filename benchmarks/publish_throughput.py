@@ -10,6 +10,7 @@ message (the whole child process, every thread, over the timed part) and the loa
 
     python benchmarks/publish_throughput.py [--rounds 5] [--messages 100000] [--targets a,b,...]
     python benchmarks/publish_throughput.py --profile futures-100 [--profile raw-100]
+    python benchmarks/publish_throughput.py --no-server --baseline-src ../other-checkout/src
 
 Targets are ``STYLE-BATCH``: ``BATCH`` is the messages per request (``BatchSettings(max_messages=...)``, or
 the raw request's size), 100 or ``--large-batch`` (1,000). The styles, as users publish:
@@ -36,6 +37,12 @@ publishing thread, one in the client's loop thread) and prints the functions tha
 message, and the garbage collector's share: where the per-message time goes (``--profile raw-100`` beside
 ``--profile futures-100`` compares them). cProfile slows Python calls down, so read its figures as shares,
 not as speeds.
+
+``--baseline-src PATH`` (the ``src`` directory of another checkout, say of the main branch) runs every
+hedgepub target a second time, as ``TARGET@base``, with that checkout's package, right after its
+current run in every round; the summary gives each target's rate and CPU per message against its
+baseline's, measured side by side (``--profile TARGET@base`` profiles the baseline). This is how a
+change to the per-message path is judged on a busy machine.
 
 With ``HEDGEPUB_BENCH_CHANNEL_POOL_SIZE=N`` in the environment, every hedgepub client is built with
 ``channel_pool_size=N`` (the connections per endpoint; unset: the default), so that runs with two sizes,
@@ -129,9 +136,13 @@ def _measure(publish_all: Callable[[], int], messages: int) -> float:
     return messages / elapsed
 
 
+#: What a target's name ends with to run it from ``--baseline-src``'s checkout.
+BASELINE_SUFFIX = "@base"
+
+
 def split_target(name: str) -> tuple[str, int]:
-    """``"futures-on-100"`` -> ``("futures-on", 100)``."""
-    style, _, batch = name.rpartition("-")
+    """``"futures-on-100"`` -> ``("futures-on", 100)`` (also for ``"futures-on-100@base"``)."""
+    style, _, batch = name.removesuffix(BASELINE_SUFFIX).rpartition("-")
     if style not in STYLES or not batch.isdigit():
         raise SystemExit(f"unknown target {name!r}: STYLE-BATCH, STYLE one of {', '.join(STYLES)}")
     return style, int(batch)
@@ -447,7 +458,15 @@ def run_child(
     command += ["--many-chunk", str(options.many_chunk)]
     command += ["--no-server"] if options.no_server else []
     command += ["--profile-child"] if profile else []
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    env = None
+    if name.endswith(BASELINE_SUFFIX):
+        if not options.baseline_src:
+            raise SystemExit(f"target {name} needs --baseline-src")
+        # The other checkout's package first on the path (this script's own directory stays first, for
+        # server_ingest): the child imports hedgepub from there.
+        path = [os.path.abspath(options.baseline_src), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(part for part in path if part)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"target {name} failed (exit {done.returncode}):\n{done.stderr}")
     *report, last = done.stdout.rstrip("\n").split("\n")
@@ -687,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="append", metavar="TARGET", help="profile TARGET (repeatable) instead of rounds"
     )
     parser.add_argument(
+        "--baseline-src",
+        metavar="PATH",
+        help="also run every hedgepub target with the hedgepub package of another checkout's src "
+        "directory (as TARGET@base, beside TARGET in every round) and compare them",
+    )
+    parser.add_argument(
         "--otel", action="store_true", help="measure OpenTelemetry's cost (off, on) instead; see above"
     )
     parser.add_argument(
@@ -715,6 +740,15 @@ def main(argv: list[str] | None = None) -> int:
             return otel_comparison(address, context, options.messages, options.rounds, variants)
     large = options.large_batch
     names = options.targets.split(",") if options.targets else default_targets(large, options.no_server)
+    if options.baseline_src:
+        # Each hedgepub target beside its baseline, so that the two share the machine's noise.
+        names = [
+            paired
+            for name in names
+            for paired in (
+                (name,) if split_target(name)[0] in ("raw", "official") else (name, name + BASELINE_SUFFIX)
+            )
+        ]
     for name in names + (options.profile or []):
         split_target(name)
 
@@ -728,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             address = stack.enter_context(local_server())
 
             def topic_of(name: str) -> str:
-                return create_topic(address, name)
+                # "@" is not allowed in a topic ID: a baseline's topic is TARGET-base.
+                return create_topic(address, name.replace(BASELINE_SUFFIX, "-base"))
 
         if options.profile:
             return profile(options, address, topic_of)
@@ -754,6 +789,14 @@ def main(argv: list[str] | None = None) -> int:
         rate_text, cpu_text = runs.spreads(name)
         print(f"{name:>16}  {label:<42} {rate_text:>30} msg/s  {cpu_text:>20} us CPU/msg")
     print(f"hedges sent: {hedges}")
+    for name in names:
+        base = name + BASELINE_SUFFIX
+        if base in rates:
+            print(
+                f"{name:>16} / its baseline: {runs.ratio_spread(name, base):>20} by rate, "
+                f"{cpus[base] / cpus[name]:.2f}x by CPU per message "
+                f"({cpus[base]:.2f} -> {cpus[name]:.2f} us)"
+            )
     met = True
     for label, first, second, target in checks(names, large, options.threads):
         value = rates[first] / rates[second]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -249,17 +251,22 @@ async def test_sqlite_failed_write_fails_only_its_caller(tmp_path: Path) -> None
 
 
 async def test_sqlite_append_that_fails_leaves_nothing_of_it(tmp_path: Path) -> None:
-    """A Publish to one subscription is one statement committed alone: when its last part (the references)
-    fails, its batch and body are not kept either, and the store goes on."""
+    """A Publish to one subscription is one statement committed alone: when its last part (the span over
+    its messages) fails, its batch and body are not kept either, and the store goes on."""
     path = tmp_path / "atomic.sqlite3"
     store = SqliteStore(path)
     try:
         await subscribe(store, SUBSCRIPTIONS[0])
         await append(store, TOPIC, [message(5, b"five")], SUBSCRIPTIONS[:1])
-        # Sequences 3 to 5: a new batch and body, then a reference to 5 that exists already.
-        overlapping = [message(3, b"three"), message(4, b"four"), message(5, b"again")]
+        # A stray span where the next batch will start, written behind the store's back: the batch at 3
+        # and its body are new, its span is not.
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as other:
+            other.execute(
+                "INSERT INTO spans (subscription, first) SELECT id, 3 FROM subscription_ids WHERE name = ?",
+                (SUBSCRIPTIONS[0],),
+            )
         with pytest.raises(Exception, match="UNIQUE"):
-            await append(store, TOPIC, overlapping, SUBSCRIPTIONS[:1])
+            await append(store, TOPIC, [message(3, b"three"), message(4, b"four")], SUBSCRIPTIONS[:1])
         await append(store, TOPIC, [message(6, b"six")], SUBSCRIPTIONS[:1])
     finally:
         await store.close()

@@ -66,6 +66,62 @@ CREATE TABLE pending (subscription TEXT NOT NULL, sequence INTEGER NOT NULL,
 """
 
 
+#: The layout before spans (batches, bodies, a reference row per message and subscription), as it wrote a
+#: Publish: through the view ``appends``, whose trigger generated the references from ``offsets``.
+_BEFORE_SPANS_LAYOUT = """
+CREATE TABLE topics (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE subscriptions (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE policies (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE schemas (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE snapshots (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE subscription_ids (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE refs (
+    subscription INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (subscription, sequence)
+) WITHOUT ROWID;
+CREATE TABLE activity (subscription TEXT PRIMARY KEY, active_ns INTEGER NOT NULL);
+CREATE TABLE leases (
+    subscription INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    ack_id TEXT NOT NULL,
+    deadline_ns INTEGER NOT NULL,
+    PRIMARY KEY (subscription, sequence)
+) WITHOUT ROWID;
+CREATE TABLE batches (
+    first INTEGER PRIMARY KEY,
+    last INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    publish_ns INTEGER NOT NULL,
+    refs INTEGER NOT NULL
+);
+CREATE TABLE bodies (first INTEGER PRIMARY KEY, body BLOB NOT NULL);
+CREATE TABLE offsets (n INTEGER PRIMARY KEY);
+CREATE TRIGGER reference_dropped AFTER DELETE ON refs BEGIN
+    UPDATE batches SET refs = refs - 1
+    WHERE first = (SELECT first FROM batches WHERE first <= old.sequence ORDER BY first DESC LIMIT 1)
+    AND last >= old.sequence;
+END;
+CREATE TRIGGER batch_unreferenced AFTER UPDATE OF refs ON batches WHEN new.refs <= 0 BEGIN
+    DELETE FROM batches WHERE first = new.first;
+END;
+CREATE TRIGGER batch_deleted AFTER DELETE ON batches BEGIN
+    DELETE FROM bodies WHERE first = old.first;
+END;
+CREATE VIEW appends (first, last, topic, publish_ns, refs, body, holder) AS
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+CREATE TRIGGER append_batch INSTEAD OF INSERT ON appends BEGIN
+    INSERT INTO batches (first, last, topic, publish_ns, refs)
+    VALUES (new.first, new.last, new.topic, new.publish_ns, new.refs);
+    INSERT INTO bodies (first, body) VALUES (new.first, new.body);
+    INSERT INTO refs (subscription, sequence) SELECT new.holder, new.first + n FROM offsets
+    WHERE n <= new.last - new.first;
+END;
+"""
+
+
 def stamped(sequence: int, data: bytes, publish_ns: int = 0, **attributes: str) -> bytes:
     """A message's body as the per-message layouts stored it: stamped with its ID and publish time."""
     message = PubsubMessage(data=data, message_id=str(sequence), attributes=attributes)
@@ -330,5 +386,97 @@ async def test_a_file_without_delivery_attempts_opens(tmp_path: Path) -> None:
     try:
         assert store.attempts(SUBSCRIPTIONS[0], 0, 3) == {2: 3}
         assert [sequence for sequence, _ in backlog(store, SUBSCRIPTIONS[0])] == [1, 2, 3]
+    finally:
+        await store.close()
+
+
+async def test_a_publish_references_its_messages_by_one_span_per_subscription(tmp_path: Path) -> None:
+    """A Publish writes no row per message: each subscription's references are one span, which becomes
+    rows only where it must (a partial acknowledgement, a recorded attempt, a snapshot), goes as one row
+    when acknowledged whole, and reads back the same after a restart."""
+    path = tmp_path / "spans.sqlite3"
+    store = SqliteStore(path)
+    first, second = SUBSCRIPTIONS
+    try:
+        for name in SUBSCRIPTIONS:
+            await store.put("subscriptions", name, Subscription(name=name, topic=TOPIC))
+        for start in (1, 101, 201):
+            messages = [PubsubMessage(data=b"%d" % number) for number in range(start, start + 100)]
+            await store.append(Batch(start, TOPIC, BASE + start, messages), SUBSCRIPTIONS)
+
+        def rows(table: str) -> int:
+            with sqlite3.connect(path) as file:
+                return int(file.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+        assert (rows("spans"), rows("refs")) == (6, 0)
+        assert store.referenced(first, 99, 103) == [99, 100, 101, 102]
+        # The first acknowledges its first batch whole: one span goes, no row is made.
+        await store.ack(first, range(1, 101))
+        assert (rows("spans"), rows("refs")) == (5, 0)
+        # The second acknowledges part of it: the rest of its span becomes rows.
+        await store.ack(second, range(11, 21))
+        assert (rows("spans"), rows("refs")) == (4, 90)
+        assert [sequence for sequence, _ in store.pending(second, 9, 3)] == [10, 21, 22]
+        # An attempt needs the message's own row; a new holder references spanned messages.
+        await store.record_attempts(first, [(150, 2)])
+        assert (rows("spans"), rows("refs")) == (3, 190)
+        await store.reference("projects/p/snapshots/seeking", [150, 250, 999])
+        assert store.referenced("projects/p/snapshots/seeking") == [150, 250]
+        snapshot = Subscription(name="projects/p/snapshots/copy", topic=TOPIC)
+        await store.put_snapshot("projects/p/snapshots/copy", snapshot, first)
+        assert store.referenced("projects/p/snapshots/copy") == list(range(101, 301))
+    finally:
+        await store.close()
+    store = SqliteStore(path)
+    try:
+        assert [sequence for sequence, _ in store.pending(first, 0, 1000)] == list(range(101, 301))
+        expected = [*range(1, 11), *range(21, 301)]
+        assert [sequence for sequence, _ in store.pending(second, 0, 1000)] == expected
+        assert store.attempts(first, 0, 300) == {150: 2}
+        assert store.first_sequence_at(BASE + 150) == 201
+        # Every holder lets go of the last batch: it goes, with its body.
+        for holder in ("projects/p/snapshots/seeking", "projects/p/snapshots/copy"):
+            await store.release(holder)
+        await store.ack(first, range(101, 301))
+        await store.delete("subscriptions", second)
+        assert store.messages(TOPIC) == []
+        assert (rows("batches"), rows("bodies"), rows("spans"), rows("refs")) == (0, 0, 0, 0)
+        assert store.load().next_sequence == 301
+    finally:
+        await store.close()
+
+
+async def test_a_file_of_the_layout_before_spans_opens(tmp_path: Path) -> None:
+    """The layout before spans (a reference row per message, generated by a trigger on append): its
+    references read and acknowledge as before, and what is published from then on is spanned."""
+    path = tmp_path / "rows.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.executescript(_BEFORE_SPANS_LAYOUT)
+        old.execute(
+            "WITH RECURSIVE s(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM s WHERE x < 999) "
+            "INSERT INTO offsets (n) SELECT x FROM s"
+        )
+        config = Subscription(name=SUBSCRIPTIONS[0], topic=TOPIC)
+        old.execute("INSERT INTO subscriptions VALUES (?, ?)", (SUBSCRIPTIONS[0], config.SerializeToString()))
+        old.execute("INSERT INTO subscription_ids VALUES (1, ?)", (SUBSCRIPTIONS[0],))
+        body = Batch(1, TOPIC, BASE, [PubsubMessage(data=b"%d" % n) for n in (1, 2, 3)]).body()
+        old.execute("INSERT INTO appends VALUES (1, 3, ?, ?, 3, ?, 1)", (TOPIC, BASE, body))
+        old.execute("UPDATE refs SET attempts = 4 WHERE sequence = 3")
+    store = SqliteStore(path)
+    try:
+        assert backlog(store, SUBSCRIPTIONS[0]) == [(1, b"1"), (2, b"2"), (3, b"3")]
+        assert store.attempts(SUBSCRIPTIONS[0], 0, 3) == {3: 4}
+        await store.append(Batch(4, TOPIC, BASE, [PubsubMessage(data=b"4")]), SUBSCRIPTIONS[:1])
+        await store.ack(SUBSCRIPTIONS[0], [2])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as file:
+        assert file.execute("SELECT subscription, first FROM spans").fetchall() == [(1, 4)]
+        assert file.execute("SELECT sequence FROM refs ORDER BY sequence").fetchall() == [(1,), (3,)]
+    store = SqliteStore(path)
+    try:
+        assert backlog(store, SUBSCRIPTIONS[0]) == [(1, b"1"), (3, b"3"), (4, b"4")]
+        await store.ack(SUBSCRIPTIONS[0], [1, 3, 4])
+        assert store.messages(TOPIC) == []
     finally:
         await store.close()

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
+import itertools
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +31,19 @@ from hedgepub.server._store.sqlite_schema import (
     HIGHEST,
     HOLDERS,
     KEEP,
-    NEW_REFERENCES,
+    NEW_SPAN,
     OFFSETS,
     REFERENCE,
+    SPANS,
     TABLES,
     connect,
+    covering_spans,
     drop_holder,
+    holding_first,
     keep_counter_above,
     migrate,
+    split_all_spans,
+    split_spans,
     unreference,
 )
 
@@ -45,16 +52,28 @@ from hedgepub.server._store.sqlite_schema import (
 _HOLDING = "SELECT first FROM batches WHERE first <= {} ORDER BY first DESC LIMIT 1"
 
 
+def _spanned(spans: Iterable[tuple[int, int]], low: int, high: int) -> Iterator[tuple[int, int]]:
+    """The (sequence, first of its batch) of every message the spans (first, last) cover in
+    ``[low, high)``, in order."""
+    for first, last in spans:
+        if first >= high:
+            return
+        for sequence in range(max(first, low), min(last + 1, high)):
+            yield sequence, first
+
+
 class SqliteStore(Store):
     """A :class:`~hedgepub.server._store.protocol.Store` in one SQLite file (WAL), with group commit.
 
     A Publish request's messages are one batch: a row of ``batches`` (sequences, topic, publish time, live
     references) and one of ``bodies`` (the request serialized once); appending does no Python work per
-    message. Each subscription that has not acknowledged a message holds a row of ``refs`` (subscription
-    id, sequence, and the deliveries that ended unacknowledged, counted under a dead-letter policy),
-    generated inside SQLite. The last reference to a batch's messages takes the batch with it. New files
-    use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they are a quarter of the file the
-    writer hands them back in small steps.
+    message. Each subscription references a new batch's messages by one row of ``spans`` (its id and the
+    batch's first sequence); once one of them is acknowledged, or gets a delivery attempt recorded, the
+    span becomes a row of ``refs`` per message it has not acknowledged (subscription id, sequence, and the
+    deliveries that ended unacknowledged, counted under a dead-letter policy), generated inside SQLite;
+    a span acknowledged whole goes as one row. The last reference to a batch's messages takes the batch
+    with it. New files use ``auto_vacuum=INCREMENTAL``: freed pages are reused, and once they are a
+    quarter of the file the writer hands them back in small steps.
     """
 
     def __init__(
@@ -130,15 +149,20 @@ class SqliteStore(Store):
         identifier = self._ids.get(subscription)
         if identifier is None:
             return []
-        rows = self._reader.execute(
+        reader = self._reader
+        rows = reader.execute(
             f"SELECT r.sequence, ({_HOLDING.format('r.sequence')}) FROM refs r "
             "WHERE r.subscription = ? AND r.sequence > ? ORDER BY r.sequence LIMIT ?",
             (identifier, after, limit),
         )
+        spans = reader.execute(SPANS, (identifier, holding_first(reader, after + 1), 2**62))
         page = []
         read = 0
         batch: Batch | None = None
-        for sequence, first in rows:  # stepped row by row: rows past the byte bound are never read
+        # Rows and spans never cover one message twice; both are stepped as needed: nothing past the
+        # limit or the byte bound is read.
+        merged = heapq.merge(rows, _spanned(spans, after + 1, 2**62))
+        for sequence, first in itertools.islice(merged, limit):
             if batch is None or batch.first != first:
                 batch = self._batch(first)
             if batch is None or sequence >= batch.end:
@@ -150,6 +174,7 @@ class SqliteStore(Store):
                 if read >= max_bytes:
                     break
         rows.close()
+        spans.close()
         return page
 
     def _batch(self, first: int | None) -> Batch | None:
@@ -196,6 +221,9 @@ class SqliteStore(Store):
         found: list[tuple[int, Any]] = []
         for first, last, publish_ns, body in rows:
             batch = Batch.from_body(first, topic, publish_ns, body)
+            if self._spanned(first):
+                found.extend((sequence, batch.message(sequence)) for sequence in range(first, last + 1))
+                continue
             # The batch's messages some holder still references (one seek per holder).
             kept = connection.execute(
                 f"SELECT DISTINCT sequence FROM refs WHERE subscription IN ({HOLDERS}) "
@@ -204,6 +232,15 @@ class SqliteStore(Store):
             ).fetchall()
             found.extend((sequence, batch.message(sequence)) for (sequence,) in kept)
         return found
+
+    def _spanned(self, first: int) -> bool:
+        """Whether some holder's span covers the batch starting at ``first`` (one seek per holder)."""
+        return (
+            self._reader.execute(
+                f"SELECT 1 FROM spans WHERE subscription IN ({HOLDERS}) AND first = ? LIMIT 1", (first,)
+            ).fetchone()
+            is not None
+        )
 
     def file_bytes(self) -> int:
         """Size of the database file and its WAL on disk, in bytes."""
@@ -312,6 +349,10 @@ class SqliteStore(Store):
             )
             if source_id is None:
                 return
+            # Both as a row per message, so that the copy below sees every reference (a backlog's
+            # spans become rows here, as the snapshot's own references would be anyway).
+            split_all_spans(connection, source_id)
+            split_all_spans(connection, identifier)
             # Counted first, per batch, for the messages the snapshot does not reference yet (a publish
             # committed in the same group may have referenced it already); then the references are copied.
             new = (
@@ -335,12 +376,15 @@ class SqliteStore(Store):
         identifier = self._ids.get(holder)
         if identifier is None:
             return []
-        rows = self._reader.execute(
-            "SELECT sequence FROM refs WHERE subscription = ? AND sequence >= ? AND sequence < ? "
+        reader = self._reader
+        end = high if high is not None else 2**62
+        rows = reader.execute(
+            "SELECT sequence, 0 FROM refs WHERE subscription = ? AND sequence >= ? AND sequence < ? "
             "ORDER BY sequence",
-            (identifier, low, high if high is not None else 2**62),
+            (identifier, low, end),
         ).fetchall()
-        return [sequence for (sequence,) in rows]
+        spans = reader.execute(SPANS, (identifier, holding_first(reader, low), end)).fetchall()
+        return [sequence for sequence, _ in heapq.merge(rows, _spanned(spans, low, end))]
 
     async def put_leases(self, subscription: str, leases: Sequence[tuple[int, str, int]]) -> None:
         """Record exactly-once leases (replacing earlier ones of the same messages)."""
@@ -388,8 +432,12 @@ class SqliteStore(Store):
         if identifier is None or not attempts:
             return
         rows = [(count, identifier, sequence) for sequence, count in attempts]
+        sequences = sorted({sequence for sequence, _ in attempts})
 
         def operation(connection: sqlite3.Connection) -> None:
+            # A count needs the message's own row: spans over these messages become rows first.
+            whole, partial = covering_spans(connection, identifier, sequences)
+            split_spans(connection, identifier, [first for first, _ in whole] + partial)
             connection.executemany(
                 "UPDATE refs SET attempts = ? WHERE subscription = ? AND sequence = ?", rows
             )
@@ -451,6 +499,8 @@ class SqliteStore(Store):
         if row is None:
             return None
         # A stored batch holds at least one stored message (it goes with its last reference).
+        if self._spanned(row[0]):
+            return int(row[0])
         (sequence,) = connection.execute(
             f"SELECT MIN(sequence) FROM refs WHERE subscription IN ({HOLDERS}) AND sequence BETWEEN ? AND ?",
             (row[0], row[1]),
@@ -461,9 +511,9 @@ class SqliteStore(Store):
         """Store a batch once and reference its messages from each subscription; returns after the commit.
 
         One row for the batch and one for its body (serialized here, on the caller's thread, before anyone
-        stamps its messages in place); the references are generated inside SQLite, so no Python work or
-        binding is done per message. Batch, body and the first holder's references are one statement
-        (:data:`APPEND`, a trigger on a view), each further holder's references one more.
+        stamps its messages in place), and one span per holder over all its messages: nothing is done or
+        written per message. Batch, body and the first holder's span are one statement (:data:`APPEND`, a
+        trigger on a view), each further holder's span one more.
         """
         if not len(batch):
             return
@@ -486,10 +536,9 @@ class SqliteStore(Store):
             if longer:
                 connection.execute(EXTEND_OFFSETS, (len(batch),))
             connection.execute(APPEND, row)
-            for identifier in ids[1:]:
-                connection.execute(NEW_REFERENCES, (first, last, identifier))
+            connection.executemany(NEW_SPAN, [(identifier, first) for identifier in ids[1:]])
 
-        await self._write(operation, len(row[5]) + 64 * len(batch) * len(ids))
+        await self._write(operation, len(row[5]) + 64 * len(ids))
 
     async def reserve(self, last: int) -> None:
         """Keep the stored next sequence above ``last`` (IDs given to messages that are not stored)."""
@@ -524,7 +573,16 @@ class SqliteStore(Store):
         def operation(connection: sqlite3.Connection) -> None:
             keep_counter_above(connection, HIGHEST)
             # Batches before references, so that the references' trigger finds no batch left to count.
-            for table in (*TABLES, "batches", "bodies", "refs", "leases", "activity", "subscription_ids"):
+            for table in (
+                *TABLES,
+                "batches",
+                "bodies",
+                "refs",
+                "spans",
+                "leases",
+                "activity",
+                "subscription_ids",
+            ):
                 connection.execute(f"DELETE FROM {table}")
 
         await self._write(operation, ON_THREAD)

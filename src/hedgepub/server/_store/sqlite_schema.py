@@ -5,13 +5,18 @@ batch's references counted (run on the writer thread's connection).
 The unit of storage is a batch (the messages of one Publish request, see
 :class:`~hedgepub.server._store.batch.Batch`): one row of ``batches`` (its sequences, topic, publish time
 and live reference count) and one of ``bodies`` (its messages, serialized as one ``PublishRequest``).
-What stays per message is a reference per holder in ``refs``, which appending generates inside SQLite
-(:data:`NEW_REFERENCES`, one statement per holder) rather than binding it from Python. A message is
-stored while some holder references it; a batch goes, by trigger, when its last reference does.
+Appending writes nothing per message: each holder references the new batch's messages by one row of
+``spans`` (holder, first sequence). A span becomes a reference per message in ``refs`` (which also
+counts delivery attempts) only when the holder acknowledges part of the batch, gets an attempt recorded
+or is copied into a snapshot (:func:`split_spans`, generated inside SQLite from ``offsets``); a span
+acknowledged whole goes as one row. For a holder and a batch there is a span or rows, never both. A
+message is stored while some holder references it; a batch goes, by trigger, when its last reference
+does.
 """
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -25,15 +30,21 @@ __all__ = [
     "HIGHEST",
     "HOLDERS",
     "KEEP",
-    "NEW_REFERENCES",
+    "NEW_SPAN",
     "OFFSETS",
     "REFERENCE",
     "SCHEMA",
+    "SPANS",
     "TABLES",
     "connect",
+    "covering_spans",
     "drop_holder",
+    "drop_spans",
+    "holding_first",
     "keep_counter_above",
     "migrate",
+    "split_all_spans",
+    "split_spans",
     "unreference",
 ]
 
@@ -81,27 +92,31 @@ CREATE TRIGGER IF NOT EXISTS batch_deleted AFTER DELETE ON batches BEGIN
 END;
 CREATE VIEW IF NOT EXISTS appends (first, last, topic, publish_ns, refs, body, holder) AS
     SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
-CREATE TRIGGER IF NOT EXISTS append_batch INSTEAD OF INSERT ON appends BEGIN
+CREATE TABLE IF NOT EXISTS spans (
+    subscription INTEGER NOT NULL,
+    first INTEGER NOT NULL,
+    PRIMARY KEY (subscription, first)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS append_span INSTEAD OF INSERT ON appends BEGIN
     INSERT INTO batches (first, last, topic, publish_ns, refs)
     VALUES (new.first, new.last, new.topic, new.publish_ns, new.refs);
     INSERT INTO bodies (first, body) VALUES (new.first, new.body);
-    INSERT INTO refs (subscription, sequence) SELECT new.holder, new.first + n FROM offsets
-    WHERE n <= new.last - new.first;
+    INSERT INTO spans (subscription, first) VALUES (new.holder, new.first);
 END;
 """
 # Why the body has a table of its own: SQLite writes a whole row again on UPDATE, so a count beside a
 # 10 KB body made every acknowledgement rebuild the body's record (4.4 against 2.6 us per acknowledged
 # message, measured with the SQL alone). Why triggers: every way a reference goes (ack, a dropped holder,
-# a retention's expiry) then counts it, in C, without a statement of its own per path.
+# a retention's expiry) then counts it, in C, without a statement of its own per path. A span is counted
+# as its batch's length, by the statements that add or drop it (:func:`drop_spans`), not by a trigger:
+# splitting it into rows must leave the count as it is.
 
 #: The highest sequence of a stored batch (``NULL`` if none): what the sequence counter must stay above.
 HIGHEST = "SELECT last FROM batches ORDER BY first DESC LIMIT 1"
-#: The references of holder ?3 to sequences ?1 .. ?2 (a new batch's), generated inside SQLite: the loop
-#: runs in C with the GIL released instead of binding one row per message from Python. From the table
-#: ``offsets`` (0, 1, ...) rather than a recursive CTE, whose queue cost about 30% more per reference
-#: (0.68 against 0.86 us per message with one subscription, 2.1 against 3.0 with four, SQL alone).
-NEW_REFERENCES = "INSERT INTO refs (subscription, sequence) SELECT ?3, ?1 + n FROM offsets WHERE n <= ?2 - ?1"
-#: A batch, its body and one holder's references to its messages in one statement (the trigger on the
+#: Holder ?1 references every message of the new batch whose first sequence is ?2 (a span: one row for
+#: the batch, where a reference row per message cost about 0.4 us per message and a page per commit).
+NEW_SPAN = "INSERT INTO spans (subscription, first) VALUES (?, ?)"
+#: A batch, its body and one holder's span over its messages in one statement (the trigger on the
 #: view ``appends``): with one holder a Publish is a single statement, which the writer commits on its
 #: own (see :class:`~hedgepub.server._store.group_commit.Statement`).
 APPEND = (
@@ -119,20 +134,39 @@ EXTEND_OFFSETS = (
 HOLDERS = "SELECT id FROM subscription_ids UNION ALL SELECT 0"
 
 
+def _holding(sequence: str) -> str:
+    """The first sequence of the stored batch that holds the message whose sequence is the SQL expression
+    ``sequence`` (or of the batch below it, if none holds it; ``NULL`` if there is none)."""
+    return f"(SELECT first FROM batches WHERE first <= {sequence} ORDER BY first DESC LIMIT 1)"
+
+
 def _stored(sequence: str) -> str:
     """An SQL condition: the message whose sequence is the SQL expression ``sequence`` is stored (some
-    holder references it; its batch may outlive it, holding its other messages)."""
-    return f"EXISTS (SELECT 1 FROM refs WHERE subscription IN ({HOLDERS}) AND sequence = {sequence})"
+    holder references it, by a row or by a span over its batch; its batch may outlive it, holding its
+    other messages)."""
+    return (
+        f"(EXISTS (SELECT 1 FROM refs WHERE subscription IN ({HOLDERS}) AND sequence = {sequence}) "
+        f"OR EXISTS (SELECT 1 FROM batches b WHERE b.first = {_holding(sequence)} AND b.last >= {sequence} "
+        f"AND EXISTS (SELECT 1 FROM spans WHERE subscription IN ({HOLDERS}) AND first = b.first)))"
+    )
 
 
 # How a holder (?1) comes to reference a stored message (?2) it did not reference yet, in this order:
-# the batch's count goes up by one, then the reference is written (both skip a message no longer stored).
-_REFERENCED = "EXISTS (SELECT 1 FROM refs WHERE subscription = ?1 AND sequence = ?2)"
+# the batch's count goes up by one, then the reference is written (both skip a message no longer stored,
+# or one the holder's span over its batch references already).
+_SPANNED = f"EXISTS (SELECT 1 FROM spans WHERE subscription = ?1 AND first = {_holding('?2')})"
+_REFERENCED = f"(EXISTS (SELECT 1 FROM refs WHERE subscription = ?1 AND sequence = ?2) OR {_SPANNED})"
 REFERENCE = (
     "UPDATE batches SET refs = refs + 1 "
-    "WHERE first = (SELECT first FROM batches WHERE first <= ?2 ORDER BY first DESC LIMIT 1) "
-    f"AND last >= ?2 AND {_stored('?2')} AND NOT {_REFERENCED}",
-    f"INSERT OR IGNORE INTO refs (subscription, sequence) SELECT ?1, ?2 WHERE {_stored('?2')}",
+    f"WHERE first = {_holding('?2')} AND last >= ?2 AND {_stored('?2')} AND NOT {_REFERENCED}",
+    "INSERT OR IGNORE INTO refs (subscription, sequence) SELECT ?1, ?2 "
+    f"WHERE {_stored('?2')} AND NOT {_SPANNED}",
+)
+#: Holder ?1's spans over the batches whose first sequence is in ?2 .. ?3, with each batch's last
+#: sequence, in order.
+SPANS = (
+    "SELECT s.first, b.last FROM spans s JOIN batches b ON b.first = s.first "
+    "WHERE s.subscription = ?1 AND s.first BETWEEN ?2 AND ?3 ORDER BY s.first"
 )
 TABLES = ("topics", "subscriptions", "policies", "schemas", "snapshots")
 #: The reference that keeps a message published to a topic without subscriptions (``keep_unsubscribed``).
@@ -164,15 +198,20 @@ def connect(path: Path, synchronous: str) -> sqlite3.Connection:
 def migrate(connection: sqlite3.Connection, *, keep_unsubscribed: bool) -> None:
     """Bring a file of an earlier layout to this one.
 
-    Every earlier layout kept a ``messages`` row per message (its stamped ``PubsubMessage``). The first
-    kept a ``pending`` row per (subscription name, sequence) and every message for good; the next one
-    found a message's references through an index on ``refs (sequence)``; the one after that counted
+    The layout just before this one (batches, with a reference row per message and holder) needs only
+    its append trigger replaced: its rows are references as they are, and ``spans`` starts empty.
+
+    The layouts before that kept a ``messages`` row per message (its stamped ``PubsubMessage``). The
+    first kept a ``pending`` row per (subscription name, sequence) and every message for good; the next
+    one found a message's references through an index on ``refs (sequence)``; the one after that counted
     them in ``counts`` (a row per message with more than one) but had no ``attempts`` column in ``refs``
     (its messages start from no recorded attempt, as they did at every restart then); the last one had
     the column. Each is brought to the last per-message layout, whose messages then become batches
-    (:func:`_batch_messages`). Tables added since (``activity``) need nothing here: the schema script
-    creates them, empty.
+    (:func:`_batch_messages`). Tables added since (``activity``, ``spans``) need nothing here: the
+    schema script creates them, empty.
     """
+    # The layout before spans generated a reference row per message on append, by this trigger.
+    connection.execute("DROP TRIGGER IF EXISTS append_batch")
     columns = {row[1] for row in connection.execute("PRAGMA table_info(refs)")}
     if "attempts" not in columns:
         # A schema change only: existing rows read the default without being rewritten.
@@ -289,8 +328,9 @@ def keep_counter_above(connection: sqlite3.Connection, highest_query: str, *para
 
 
 def drop_holder(connection: sqlite3.Connection, identifier: int) -> None:
-    """Delete a holder's references, its id, and the batches only it kept (by trigger, in C)."""
+    """Delete a holder's references and spans, its id, and the batches only it kept (by trigger, in C)."""
     keep_counter_above(connection, HIGHEST)
+    drop_spans(connection, identifier)
     connection.execute("DELETE FROM refs WHERE subscription = ?", (identifier,))
     connection.execute("DELETE FROM leases WHERE subscription = ?", (identifier,))
     connection.execute("DELETE FROM subscription_ids WHERE id = ?", (identifier,))
@@ -298,8 +338,103 @@ def drop_holder(connection: sqlite3.Connection, identifier: int) -> None:
 
 def unreference(connection: sqlite3.Connection, rows: list[tuple[int, int]]) -> None:
     """Drop the references (holder id, sequence) in ``rows``; a batch left with none goes (by trigger).
-    A reference that does not exist changes nothing, so acknowledging twice is harmless."""
+    A reference that does not exist changes nothing, so acknowledging twice is harmless.
+
+    A span all of whose messages are in ``rows`` goes as one row; one partly in them becomes a row per
+    message first (:func:`split_spans`), of which those in ``rows`` are then deleted.
+    """
     if not rows:
         return
     keep_counter_above(connection, HIGHEST)
-    connection.executemany("DELETE FROM refs WHERE subscription = ? AND sequence = ?", rows)
+    by_holder: dict[int, set[int]] = {}
+    for identifier, sequence in rows:
+        by_holder.setdefault(identifier, set()).add(sequence)
+    remaining: list[tuple[int, int]] = []
+    for identifier, sequences in by_holder.items():
+        acked = sorted(sequences)
+        whole, partial = covering_spans(connection, identifier, acked)
+        split_spans(connection, identifier, partial)
+        if whole:
+            drop_spans(connection, identifier, [first for first, _ in whole])
+            gone = iter(whole)
+            span = next(gone, None)
+            for sequence in acked:
+                while span is not None and span[1] < sequence:
+                    span = next(gone, None)
+                if span is None or sequence < span[0]:
+                    remaining.append((identifier, sequence))
+        else:
+            remaining.extend((identifier, sequence) for sequence in acked)
+    connection.executemany("DELETE FROM refs WHERE subscription = ? AND sequence = ?", remaining)
+
+
+def covering_spans(
+    connection: sqlite3.Connection, identifier: int, sequences: list[int]
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Holder ``identifier``'s spans over the sorted ``sequences``: those all of whose messages are in
+    them, as (first, last), and the first sequences of those only some of whose messages are."""
+    whole: list[tuple[int, int]] = []
+    partial: list[int] = []
+    if not sequences:
+        return whole, partial
+    low = holding_first(connection, sequences[0])
+    for first, last in connection.execute(SPANS, (identifier, low, sequences[-1])).fetchall():
+        count = bisect.bisect_right(sequences, last) - bisect.bisect_left(sequences, first)
+        if count == last - first + 1:
+            whole.append((first, last))
+        elif count:
+            partial.append(first)
+    return whole, partial
+
+
+def holding_first(connection: sqlite3.Connection, sequence: int) -> int:
+    """The first sequence of the stored batch that holds ``sequence`` (or of the one below it), else
+    ``sequence`` itself: where a holder's spans that may cover ``sequence`` start."""
+    (first,) = connection.execute(f"SELECT COALESCE({_holding('?1')}, ?1)", (sequence,)).fetchone()
+    return int(first)
+
+
+def split_spans(connection: sqlite3.Connection, identifier: int, firsts: list[int]) -> None:
+    """Holder ``identifier``'s spans over the batches starting at ``firsts`` become a reference row per
+    message (generated inside SQLite from ``offsets``): what must come before a row is deleted or given
+    attempts. The batches' counts do not change (the same references, held another way)."""
+    rows = [(identifier, first) for first in firsts]
+    connection.executemany(
+        "INSERT INTO refs (subscription, sequence) SELECT s.subscription, b.first + o.n FROM spans s "
+        "JOIN batches b ON b.first = s.first JOIN offsets o ON o.n <= b.last - b.first "
+        "WHERE s.subscription = ?1 AND s.first = ?2",
+        rows,
+    )
+    connection.executemany("DELETE FROM spans WHERE subscription = ? AND first = ?", rows)
+
+
+def drop_spans(connection: sqlite3.Connection, identifier: int, firsts: list[int] | None = None) -> None:
+    """Drop holder ``identifier``'s spans (those over the batches starting at ``firsts``, or all): each
+    batch's count goes down by its length, and a batch left with none goes (by trigger). The caller
+    keeps the sequence counter above the batches first (:func:`keep_counter_above`)."""
+    if firsts is None:
+        connection.execute(
+            "UPDATE batches SET refs = refs - (last - first + 1) "
+            "WHERE first IN (SELECT first FROM spans WHERE subscription = ?)",
+            (identifier,),
+        )
+        connection.execute("DELETE FROM spans WHERE subscription = ?", (identifier,))
+        return
+    rows = [(identifier, first) for first in firsts]
+    connection.executemany(
+        "UPDATE batches SET refs = refs - (last - first + 1) "
+        "WHERE first = ?2 AND EXISTS (SELECT 1 FROM spans WHERE subscription = ?1 AND first = ?2)",
+        rows,
+    )
+    connection.executemany("DELETE FROM spans WHERE subscription = ? AND first = ?", rows)
+
+
+def split_all_spans(connection: sqlite3.Connection, identifier: int) -> None:
+    """Every span of holder ``identifier`` becomes reference rows (see :func:`split_spans`)."""
+    connection.execute(
+        "INSERT INTO refs (subscription, sequence) SELECT s.subscription, b.first + o.n FROM spans s "
+        "JOIN batches b ON b.first = s.first JOIN offsets o ON o.n <= b.last - b.first "
+        "WHERE s.subscription = ?1",
+        (identifier,),
+    )
+    connection.execute("DELETE FROM spans WHERE subscription = ?", (identifier,))
