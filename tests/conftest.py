@@ -3,6 +3,7 @@ throwaway CA and server certificate for TLS."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import threading
 import time
@@ -13,6 +14,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ._tls import Certificates, make_certificates
+
+#: Whether QuickJS is installed. CI leaves it out on the Python versions it has no wheel for (it would be
+#: compiled from source, for many minutes, each run): there the tests marked ``quickjs`` skip, saying so.
+HAS_QUICKJS = importlib.util.find_spec("quickjs") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the tests marked ``quickjs`` where QuickJS is not installed."""
+    if HAS_QUICKJS:
+        return
+    skip = pytest.mark.skip(
+        reason="runs JavaScript UDFs: needs QuickJS (the quickjs module of the server extra), not installed"
+    )
+    for item in items:
+        if item.get_closest_marker("quickjs") is not None:
+            item.add_marker(skip)
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -38,7 +38,7 @@ def test_the_version_running_the_tests_is_declared() -> None:
 
 
 def test_ci_tests_every_other_declared_version_on_its_own_interpreter() -> None:
-    # .ci/other-pythons reads the versions from the classifiers.
+    # .ci/other-pythons reads the versions from the classifiers; .ci/run calls it after the whole suite.
     listed = subprocess.run(
         ["bash", str(ROOT / ".ci" / "other-pythons"), "--list"], capture_output=True, text=True, check=True
     ).stdout.split("\n")
@@ -55,3 +55,4 @@ def test_ci_tests_every_other_declared_version_on_its_own_interpreter() -> None:
             check=True,
         ).stdout.strip()
         assert reported == version
+    assert "bash .ci/other-pythons" in (ROOT / ".ci" / "run").read_text()

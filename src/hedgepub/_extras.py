@@ -35,6 +35,10 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "otel": ("opentelemetry.trace", "opentelemetry.metrics"),
 }
+#: Modules of an extra that one feature imports when it runs, not the extra's package when it is imported
+#: (:func:`require` leaves them out): the server runs without QuickJS and refuses a JavaScript UDF
+#: transform, saying what to install (its wheels do not cover every Python version the package supports).
+LAZY_MODULES: frozenset[str] = frozenset({"quickjs"})
 
 
 class MissingExtraError(ModuleNotFoundError):
@@ -54,10 +58,13 @@ class MissingExtraError(ModuleNotFoundError):
         self.missing = missing
 
 
-def missing_modules(extra: str) -> tuple[str, ...]:
-    """The modules of ``extra`` that cannot be imported here (none: the extra is installed)."""
+def missing_modules(extra: str, *, lazy: bool = True) -> tuple[str, ...]:
+    """The modules of ``extra`` that cannot be imported here (none: the extra is installed); without
+    ``lazy``, leaving out :data:`LAZY_MODULES`."""
     missing = []
     for module in EXTRA_MODULES[extra]:
+        if not lazy and module in LAZY_MODULES:
+            continue
         try:
             found = importlib.util.find_spec(module) is not None
         except ImportError:  # a parent package is missing, or an import hook refuses the module
@@ -68,7 +75,8 @@ def missing_modules(extra: str) -> tuple[str, ...]:
 
 
 def require(extra: str, feature: str) -> None:
-    """Raise :class:`MissingExtraError` naming ``extra`` if any of its modules is missing."""
-    missing = missing_modules(extra)
+    """Raise :class:`MissingExtraError` naming ``extra`` if any of its modules is missing (but those of
+    :data:`LAZY_MODULES`, which the feature needing one checks)."""
+    missing = missing_modules(extra, lazy=False)
     if missing:
         raise MissingExtraError(extra, feature, missing)

@@ -117,6 +117,27 @@ def test_importing_a_part_without_its_extra_names_the_extra(module: str, extra: 
     assert f"pip install 'hedgepub[{extra}]'" in completed.stdout
 
 
+def test_the_server_and_serve_need_no_quickjs() -> None:
+    # QuickJS has no wheel for some supported Python versions: only a JavaScript UDF needs it, and that
+    # is refused saying what to install (tests/server/pubsub/test_transform_delivery.py).
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["quickjs"] = None  # as where it is not installed
+        import hedgepub.server
+        from hedgepub._extras import missing_modules
+        from hedgepub.cli import main
+        print(missing_modules("server"), missing_modules("server", lazy=False))
+        sys.argv = ["hedgepub", "serve", "--help"]
+        main()
+        """
+    )
+    completed = _python(code)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("('quickjs',) ()\n"), completed.stdout
+    assert "Usage: hedgepub serve" in completed.stdout
+
+
 def test_the_rpc_table_is_in_the_base_install() -> None:
     code = _REFUSE + textwrap.dedent(
         """

@@ -32,6 +32,7 @@ def _write(path: Path, document: object) -> str:
     return str(path)
 
 
+@pytest.mark.quickjs
 def test_validate_accepts_a_good_udf_and_names_what_is_wrong(gcloud: Gcloud, tmp_path: Path) -> None:  # noqa: F811
     good = _write(tmp_path / "good.json", {"javascriptUdf": {"functionName": "redactSSN", "code": REDACT}})
     gcloud.run("pubsub", "message-transforms", "validate", "--message-transform-file", good)
@@ -48,6 +49,7 @@ def test_validate_accepts_a_good_udf_and_names_what_is_wrong(gcloud: Gcloud, tmp
     assert "SyntaxError" in refused.stderr
 
 
+@pytest.mark.quickjs
 def test_test_applies_a_file_a_topic_and_a_subscription(gcloud: Gcloud, tmp_path: Path) -> None:  # noqa: F811
     transforms = _write(
         tmp_path / "smt.json",

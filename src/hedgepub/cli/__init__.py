@@ -115,7 +115,8 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         extra = _EXTRAS.get(cmd_name)
-        missing = missing_modules(extra) if extra else ()
+        # As the package's own check at import: QuickJS is checked by the UDFs that need it.
+        missing = missing_modules(extra, lazy=False) if extra else ()
         if extra and missing:
             return _missing_extra_command(cmd_name, extra, missing)
         module_name, attribute = target.split(":")

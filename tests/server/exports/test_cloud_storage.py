@@ -137,6 +137,7 @@ def test_avro_files_with_metadata_roll_over_by_max_bytes(
     assert len(record["data"]) == 100
 
 
+@pytest.mark.quickjs
 def test_a_file_is_closed_after_max_duration_and_transforms_apply(
     server: LocalServer,
     buckets: Path,

@@ -341,6 +341,7 @@ def test_a_huge_answer_body_is_not_read(
     assert push_endpoint.answer_bytes_sent < 32 * 1024 * 1024
 
 
+@pytest.mark.quickjs
 def test_a_message_its_transform_fails_on_is_dead_lettered_and_its_neighbours_pushed(
     server: LocalServer,
     publisher: pubsub_v1.PublisherClient,

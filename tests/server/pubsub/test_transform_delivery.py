@@ -4,6 +4,7 @@ UDF, a filtering UDF, a chain, a failing and an endless UDF, zlib, and validatio
 from __future__ import annotations
 
 import json
+import sys
 import time
 import zlib
 from typing import Any
@@ -83,6 +84,7 @@ def pull_all_once(subscriber: pubsub_v1.SubscriberClient, subscription: str) -> 
     return list(response.received_messages)
 
 
+@pytest.mark.quickjs
 def test_redaction_filter_and_chain_on_a_subscription(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -129,6 +131,7 @@ def test_redaction_filter_and_chain_on_a_subscription(
     assert all("ssn" in json.loads(m.message.data) for m in plain)
 
 
+@pytest.mark.quickjs
 def test_failing_and_endless_udfs_dead_letter_the_message_and_nothing_else(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -165,6 +168,7 @@ def test_failing_and_endless_udfs_dead_letter_the_message_and_nothing_else(
     assert all(m.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5" for m in dead)
 
 
+@pytest.mark.quickjs
 def test_zlib_on_a_subscription_and_disabled_transforms(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -183,6 +187,7 @@ def test_zlib_on_a_subscription_and_disabled_transforms(
     assert zlib.decompress(received.message.data) == data  # the disabled redaction did not run
 
 
+@pytest.mark.quickjs
 def test_update_changes_the_transforms_that_apply(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -200,6 +205,7 @@ def test_update_changes_the_transforms_that_apply(
     assert "ssn" not in json.loads(pull_all(subscriber, REDACTED, 1)[0].message.data)
 
 
+@pytest.mark.quickjs
 @pytest.mark.parametrize(
     ("transform", "reason"),
     [
@@ -234,6 +240,7 @@ def test_invalid_transforms_are_refused_at_create_and_update(
         )
 
 
+@pytest.mark.quickjs
 def test_topic_transforms_run_at_publish(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -254,6 +261,7 @@ def test_topic_transforms_run_at_publish(
     assert received.message.message_id == ids[0]
 
 
+@pytest.mark.quickjs
 def test_a_failing_or_endless_topic_udf_fails_the_publish(
     server: LocalServer, publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient
 ) -> None:
@@ -296,3 +304,29 @@ def test_an_ingestion_topic_reports_its_state(
     assert publisher.get_topic(topic=TOPIC).state == pubsub_v1.types.Topic.State.INGESTION_RESOURCE_ERROR
     publisher.create_topic(name=PLAIN.replace("subscriptions", "topics"))
     assert publisher.get_topic(topic=PLAIN.replace("subscriptions", "topics")).state == 0
+
+
+def test_without_quickjs_the_server_runs_and_refuses_a_udf_saying_what_to_install(
+    server: LocalServer,
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "quickjs", None)  # as where it is not installed
+    with pytest.raises(exceptions.FailedPrecondition, match=r"QuickJS.*pip install 'hedgepub\[server\]'"):
+        publisher.create_topic(request={"name": TOPIC, "message_transforms": [udf(STAMP, "stamp")]})
+    publisher.create_topic(name=TOPIC)
+    with pytest.raises(exceptions.FailedPrecondition, match=r"message_transforms\[1\]: JavaScript UDFs"):
+        subscriber.create_subscription(
+            request={
+                "name": PLAIN,
+                "topic": TOPIC,
+                "message_transforms": [
+                    {"compression": {"compression_algorithm": "ZLIB", "compression_mode": "COMPRESS"}},
+                    udf(STAMP, "stamp"),
+                ],
+            }
+        )
+    subscriber.create_subscription(name=PLAIN, topic=TOPIC)  # anything else works as before
+    publisher.publish(TOPIC, b"plain").result(10)
+    assert [m.message.data for m in pull_all(subscriber, PLAIN, 1)] == [b"plain"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 import zlib
@@ -16,6 +17,8 @@ from hedgepub.server._pubsub import transforms
 from hedgepub.server._pubsub.limits import ServiceError
 from hedgepub.server._pubsub.transforms import Pipeline, TransformFailed, check_transforms, steps_of
 
+#: A validation case that compiles its UDF (so needs QuickJS).
+COMPILES = pytest.mark.quickjs
 PubsubMessage = pubsub_types.PubsubMessage.pb()
 MessageTransform = pubsub_types.MessageTransform.pb()
 
@@ -41,6 +44,7 @@ def message(data: bytes = b"", **attributes: str) -> object:
     return PubsubMessage(data=data, attributes=attributes, message_id="42", ordering_key="k")
 
 
+@pytest.mark.quickjs
 def test_redaction_udf_gets_data_as_text_and_metadata() -> None:
     original = message(json.dumps({"name": "ana", "ssn": "123"}).encode(), kind="person")
     out = Pipeline([udf(REDACT, "redact")]).apply(original)
@@ -50,6 +54,7 @@ def test_redaction_udf_gets_data_as_text_and_metadata() -> None:
     assert b"ssn" in original.data  # the input is left as it was
 
 
+@pytest.mark.quickjs
 def test_metadata_carries_publish_time_and_ordering_key() -> None:
     code = "function meta(m, md) { return {data: JSON.stringify(md)}; }"
     original = message(b"x")
@@ -63,6 +68,7 @@ def test_metadata_carries_publish_time_and_ordering_key() -> None:
     assert dict(out.attributes) == {}  # absent attributes keep the message's (it had none)
 
 
+@pytest.mark.quickjs
 def test_null_filters_and_attributes_rules() -> None:
     code = """
 function route(message, metadata) {
@@ -77,6 +83,7 @@ function route(message, metadata) {
     assert kept.data == b"ABC" and dict(kept.attributes) == {"keep": "1"}
 
 
+@pytest.mark.quickjs
 def test_chain_runs_in_order_and_skips_disabled() -> None:
     first = "function first(m) { m.data = m.data + '1'; return m; }"
     second = "function second(m) { m.data = m.data + '2'; return m; }"
@@ -88,6 +95,7 @@ def test_chain_runs_in_order_and_skips_disabled() -> None:
     assert steps_of([udf(never, "never", disabled=True)]) == []
 
 
+@pytest.mark.quickjs
 @pytest.mark.parametrize(
     ("code", "reason"),
     [
@@ -109,11 +117,13 @@ def test_failures_name_the_transform_and_reason(code: str, reason: str) -> None:
     assert pipeline.trace(message(b"x"))[-1].error is not None
 
 
+@pytest.mark.quickjs
 def test_data_that_is_not_utf8_fails_a_udf() -> None:
     with pytest.raises(TransformFailed, match="not UTF-8"):
         Pipeline([udf("function f(m) { return m; }", "f")]).apply(message(b"\xff\xfe"))
 
 
+@pytest.mark.quickjs
 def test_endless_loop_and_huge_allocation_fail_that_message_only() -> None:
     code = """
 function spin(m) { if (m.attributes.spin) { while (true) {} } return m; }
@@ -140,6 +150,7 @@ function hog(m) {
         deep.apply(message(b"x"))
 
 
+@pytest.mark.quickjs
 def test_a_pipeline_made_in_one_thread_runs_in_another() -> None:
     code = "function f(m) { function r(n) { return n ? r(n - 1) : 0; } r(100); return m; }"
     pipeline = Pipeline([udf(code, "f")])
@@ -150,6 +161,7 @@ def test_a_pipeline_made_in_one_thread_runs_in_another() -> None:
     assert results == [b"x"]
 
 
+@pytest.mark.quickjs
 def test_udf_has_no_file_network_or_module_access() -> None:
     code = """
 function probe(m) {
@@ -192,14 +204,14 @@ def test_decompression_bomb_is_stopped_at_the_message_limit() -> None:
 @pytest.mark.parametrize(
     ("transforms_given", "reason"),
     [
-        ([udf("function f(m) {", "f")], "does not run: SyntaxError"),
-        ([udf("function g(m) { return m; }", "f")], "no function named 'f'"),
-        ([udf("var f = 3;", "f")], "typeof f is number"),
+        pytest.param([udf("function f(m) {", "f")], "does not run: SyntaxError", marks=COMPILES),
+        pytest.param([udf("function g(m) { return m; }", "f")], "no function named 'f'", marks=COMPILES),
+        pytest.param([udf("var f = 3;", "f")], "typeof f is number", marks=COMPILES),
         ([udf("function f(m) { return m; }", "f; evil()")], "is not a JavaScript name"),
         ([udf("", "f")], "code is required"),
         ([udf("function f(m) {}", "")], "function_name is required"),
         ([udf("// " + "x" * 21000 + "\nfunction f(m) {}", "f")], "at most 20480"),
-        ([udf("function f(m) { return m; }", "f")] * 2, "already used"),
+        pytest.param([udf("function f(m) { return m; }", "f")] * 2, "already used", marks=COMPILES),
         ([compression("ZLIB", "COMPRESSION_MODE_UNSPECIFIED")], "compression_mode"),
         ([compression("COMPRESSION_ALGORITHM_UNSPECIFIED", "COMPRESS")], "compression_algorithm"),
         ([MessageTransform()], "one of javascript_udf"),
@@ -221,3 +233,13 @@ def test_ai_inference_is_checked_then_refused_by_name() -> None:
         check_transforms([MessageTransform(ai_inference={"endpoint": "projects/p/locations/l/endpoints/e"})])
     assert caught.value.code == StatusCode.UNIMPLEMENTED
     assert "ai_inference" in caught.value.message
+
+
+def test_without_quickjs_compiling_a_udf_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "quickjs", None)  # as where it is not installed
+    with pytest.raises(ServiceError) as caught:
+        check_transforms([compression("ZLIB", "COMPRESS"), udf(REDACT, "redact")])
+    assert caught.value.code == StatusCode.FAILED_PRECONDITION
+    assert caught.value.message.startswith("message_transforms[1]: JavaScript UDFs run in QuickJS")
+    assert "pip install 'hedgepub[server]'" in caught.value.message
+    check_transforms([compression("ZLIB", "COMPRESS")])  # compression needs no QuickJS

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from hedgepub.server._pubsub import udf_engine
 from hedgepub.server._pubsub.udf_sandbox import NOT_RUN, Sandbox
+
+pytestmark = pytest.mark.quickjs  # every test runs UDFs in worker processes
 
 HOLD = "var kept = 'x'.repeat(40 * 1024 * 1024); function f(m){ return m; }"
 MIB = 1024 * 1024

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from google.iam.v1 import iam_policy_pb2, policy_pb2
 from google.pubsub_v1.types import pubsub as types
 from google.pubsub_v1.types import schema as schema_types
@@ -185,6 +186,7 @@ def test_a_policy_left_behind_by_a_crash_is_not_inherited_by_a_new_resource_of_i
         database.close()
 
 
+@pytest.mark.quickjs
 def test_ids_of_messages_a_topic_transform_filtered_out_are_not_given_again_after_a_restart(
     tmp_path: Path,
 ) -> None:

@@ -16,6 +16,8 @@ the message is filtered out), or raises :class:`TransformFailed`.
   has them. It returns ``null`` (filter) or an object with a string ``data`` and, optionally,
   ``attributes`` (absent: the attributes stay as they were; ``{}``: all removed). Anything else fails
   the message, with an error of at most 1,000 characters.
+  Without QuickJS installed (the ``quickjs`` module of the ``server`` extra), the server runs and refuses
+  a UDF (FAILED_PRECONDITION, saying what to install) when it would compile one.
 - **Compression** (zlib or zstd, compress or decompress) works on the data; data that does not
   decompress, or decompresses past the 10 MB message limit, fails the message.
 - **AI inference** transforms are refused (UNIMPLEMENTED, naming them) after their fields are checked.
@@ -29,6 +31,7 @@ recursion stops at QuickJS's stack limit: a ``stack overflow`` fails the message
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,6 +115,16 @@ def check_transforms(
             names[name] = index
 
 
+def require_quickjs(where: str) -> None:
+    """FAILED_PRECONDITION if QuickJS (the ``quickjs`` module) is not installed: ``where`` holds a UDF."""
+    if importlib.util.find_spec("quickjs") is None:
+        raise ServiceError(
+            StatusCode.FAILED_PRECONDITION,
+            f"{where}: JavaScript UDFs run in QuickJS, which is not installed with this server (the "
+            "quickjs module of the 'server' extra): pip install 'hedgepub[server]'",
+        )
+
+
 def check_transform(transform: Any, where: str = "message_transform", *, run_code: bool = True) -> None:
     """Check one ``MessageTransform`` (see :func:`check_transforms`)."""
     kind = transform.WhichOneof("transform")
@@ -121,6 +134,7 @@ def check_transform(transform: Any, where: str = "message_transform", *, run_cod
         udf = transform.javascript_udf
         _check_udf(udf.code, udf.function_name, where)
         if run_code:
+            require_quickjs(where)
             try:
                 udf_engine.Udf(udf.code, udf.function_name)
             except udf_engine.CompileError as error:
@@ -347,6 +361,7 @@ class Transforms:
             if transform.WhichOneof("transform") == "javascript_udf"
         ]
         if steps:
+            require_quickjs(where(steps[0][1]))
             failed = await self._pool().validate(steps)
             if failed is not None:
                 raise invalid(f"Invalid {where(failed[0])}: {failed[1]}")
