@@ -77,15 +77,18 @@ def data_head(length: int) -> bytes:
     return head
 
 
-def frame_data(payloads: list[bytes]) -> bytes:
-    """``payloads`` framed as messages of data alone, in order, as they go into a ``PublishRequest``."""
+def frame_data(payloads: list[bytes], before: bytes = b"") -> bytes:
+    """``payloads`` framed as messages of data alone, in order, as they go into a ``PublishRequest``,
+    behind ``before`` (in the same copy)."""
     if not payloads:
-        return b""
+        return before
     lengths = set(map(len, payloads))
-    if len(lengths) == 1:  # one head for all: joined with it, behind an empty first piece (one copy)
-        return data_head(lengths.pop()).join([b"", *payloads])
+    if len(lengths) == 1:  # one head for all: joined with it, behind the first piece (one copy)
+        return data_head(lengths.pop()).join([before, *payloads])
     heads = DATA_HEADS
     framed = [piece for data in payloads for piece in (heads.get(len(data)) or data_head(len(data)), data)]
+    if before:
+        framed.insert(0, before)
     return b"".join(framed)
 
 
@@ -280,7 +283,10 @@ class Batch:
         """The serialized ``PublishRequest``; built once the batch is sealed (it is kept from then on)."""
         wire = self._wire
         if wire is None:
-            wire = b"".join([topic_field(self.topic), *self.parts, frame_data(self.plain)])
+            if self.parts:
+                wire = b"".join([topic_field(self.topic), *self.parts, frame_data(self.plain)])
+            else:  # messages of data alone (the usual batch): framed behind the topic in one copy
+                wire = frame_data(self.plain, topic_field(self.topic))
             if self.state is not BatchState.OPEN:
                 self._wire, self.parts, self.plain = wire, [], []
         return wire
