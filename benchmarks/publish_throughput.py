@@ -26,6 +26,11 @@ the raw request's size), 100 or ``--large-batch`` (1,000). The styles, as users 
 * ``raw``: raw gRPC, the baseline: one ``PublishRequest`` of BATCH messages serialized up front and sent
   again and again by 4 concurrent callers on one ``grpc.aio`` channel (``server_ingest.py``'s), which is
   what a publisher would reach if building batches and handing out and resolving futures cost nothing;
+* ``rawbuilt``: raw gRPC doing the least any publisher must do beyond ``raw``: each request built anew
+  from the payloads (framed and joined: one copy, as ``publish_many`` builds it) and each response's
+  message IDs read into a list of Python strings (what a publisher hands its caller); the same 4 callers.
+  ``many`` against ``rawbuilt`` is the publisher's own cost, hedging, batching and futures, with the
+  floor that the protocol sets for any Python publisher taken out;
 * ``official``: google-cloud-pubsub's ``PublisherClient`` (its default batches of 100), futures collected.
 
 Targets (exit status 1 when one is missed): every hedgepub style >= 0.85x raw gRPC at 100 messages per
@@ -85,7 +90,7 @@ WARM_UP = 2_000
 #: Raw gRPC's concurrent callers, as the issue's comparison used.
 RAW_IN_FLIGHT = 4
 #: The publishing styles, in the order they are listed.
-STYLES = ("futures", "futures-on", "callbacks", "async", "threads", "many", "raw", "official")
+STYLES = ("futures", "futures-on", "callbacks", "async", "threads", "many", "raw", "rawbuilt", "official")
 
 
 @contextlib.contextmanager
@@ -340,6 +345,8 @@ def child(options: argparse.Namespace) -> dict[str, Any]:
     profiler = _Profiler() if options.profile_child else None
     if style == "raw":
         return _child_raw(options.address, topic, count, batch, profiler)
+    if style == "rawbuilt":
+        return _child_raw_built(options.address, topic, count, batch, profiler)
     if style == "official":
         return _child_official(topic, count, profiler)
     if style == "async":
@@ -427,6 +434,57 @@ def _child_raw(
     return {
         "rate": run.messages_per_second,
         "cpu_us": run.client_cpu_seconds / run.messages * 1e6,
+        "hedges": 0,
+        "profiler": profiler,
+    }
+
+
+def _child_raw_built(
+    address: str, topic: str, count: int, batch: int, profiler: _Profiler | None
+) -> dict[str, Any]:
+    """``rawbuilt``: raw gRPC by :data:`RAW_IN_FLIGHT` concurrent callers, each request framed anew from
+    ``batch`` payloads and each response's message IDs read into a list of Python strings."""
+    import asyncio
+    import time
+
+    import grpc
+    from google.pubsub_v1.types import pubsub as pubsub_types
+
+    from hedgepub._publisher.batch import frame_data, topic_field
+    from server_ingest import PUBLISH
+
+    response_type = pubsub_types.PublishResponse.pb()
+    payloads = [PAYLOAD] * batch
+    head = topic_field(topic)
+
+    async def publish_all(requests: int) -> tuple[int, float, float]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            publish = channel.unary_unary(PUBLISH, response_deserializer=response_type.FromString)
+            remaining, acknowledged = requests, 0
+
+            async def caller() -> None:
+                nonlocal remaining, acknowledged
+                while remaining > 0:
+                    remaining -= 1
+                    response = await publish(frame_data(payloads, head), timeout=120)
+                    acknowledged += len(list(response.message_ids))
+
+            started, cpu_started = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(caller() for _ in range(RAW_IN_FLIGHT)))
+            return acknowledged, time.perf_counter() - started, time.process_time() - cpu_started
+
+    requests = max(1, count // batch)
+    asyncio.run(publish_all(max(1, WARM_UP // batch)))  # warm-up
+    if profiler is not None:
+        profiler.start()
+    acknowledged, seconds, cpu = asyncio.run(publish_all(requests))
+    if profiler is not None:
+        profiler.stop()
+    if acknowledged != requests * batch:
+        raise RuntimeError(f"raw gRPC: {acknowledged} messages acknowledged of {requests * batch}")
+    return {
+        "rate": acknowledged / seconds,
+        "cpu_us": cpu / acknowledged * 1e6,
         "hedges": 0,
         "profiler": profiler,
     }
@@ -641,6 +699,7 @@ LABELS = {
     "threads": "sync, {threads} threads share one client",
     "many": "publish_many, {chunk:,} per call",
     "raw": f"raw gRPC, pre-built, {RAW_IN_FLIGHT} in flight",
+    "rawbuilt": f"raw gRPC, built, IDs read, {RAW_IN_FLIGHT} in flight",
     "official": "google-cloud-pubsub, futures",
 }
 
@@ -655,6 +714,7 @@ def default_targets(large: int, no_server: bool) -> list[str]:
         styles.remove("many")
     if no_server:
         styles.remove("raw")
+        styles.remove("rawbuilt")
     names = [f"{style}-{batch}" for batch in (100, large) for style in styles]
     return names if no_server else [*names, "official-100"]
 
@@ -670,6 +730,8 @@ def checks(names: list[str], large: int, threads: int) -> list[tuple[str, str, s
         found.append((f"hedging on / off, {batch}", f"futures-on-{batch}", f"futures-{batch}", 0.97))
         found.append((f"{threads} threads / 1, {batch}", f"threads-{batch}", f"futures-{batch}", 0.95))
         found.append((f"publish_many / publish, {batch}", f"many-{batch}", f"futures-{batch}", 0.0))
+        found.append((f"raw built / raw gRPC, {batch}", f"rawbuilt-{batch}", raw, 0.0))
+        found.append((f"publish_many / raw built, {batch}", f"many-{batch}", f"rawbuilt-{batch}", 0.0))
     found.append(("hedgepub / official, 100", "futures-100", "official-100", 4.0))
     return [check for check in found if check[1] in names and check[2] in names]
 
@@ -746,7 +808,9 @@ def main(argv: list[str] | None = None) -> int:
             paired
             for name in names
             for paired in (
-                (name,) if split_target(name)[0] in ("raw", "official") else (name, name + BASELINE_SUFFIX)
+                (name,)
+                if split_target(name)[0] in ("raw", "rawbuilt", "official")
+                else (name, name + BASELINE_SUFFIX)
             )
         ]
     for name in names + (options.profile or []):

@@ -264,23 +264,36 @@ class ManyResult:
     message IDs in order, or :class:`~hedgepub.PublishManyError` if any failed.
     """
 
-    __slots__ = ("_errors", "_lock", "_remaining", "future", "message_ids")
+    __slots__ = ("_count", "_errors", "_lock", "_remaining", "future", "message_ids")
 
     def __init__(self, future: Any, count: int) -> None:
         #: ``concurrent.futures.Future`` (sync client) or an asyncio future (resolved on its loop).
         self.future = future
-        self.message_ids: list[str | None] = [None] * count
+        #: The call's message IDs so far (``None`` where not yet, or failed); made with the first run
+        #: that does not cover the whole call (a call published in one run gets that run's IDs as a list).
+        self.message_ids: list[str | None] | None = None
+        self._count = count
         self._errors: dict[int, BaseException] = {}
         self._remaining = count
         self._lock = threading.Lock()
         if not count:
             self._finish()
 
+    def _ids(self) -> list[str | None]:
+        ids = self.message_ids
+        if ids is None:
+            ids = self.message_ids = [None] * self._count
+        return ids
+
     def resolved(self, offset: int, message_ids: Sequence[str]) -> None:
         """Messages ``offset`` ... ``offset + len(message_ids) - 1`` of the call were published."""
+        count = len(message_ids)
         with self._lock:
-            self.message_ids[offset : offset + len(message_ids)] = message_ids
-            self._remaining -= len(message_ids)
+            if count == self._count:  # the whole call in one run (the usual case): one copy, no pass
+                self.message_ids = list(message_ids)
+            else:
+                self._ids()[offset : offset + count] = message_ids
+            self._remaining -= count
             finished = not self._remaining
         if finished:
             self._finish()
@@ -288,6 +301,7 @@ class ManyResult:
     def failed(self, offset: int, count: int, error: BaseException) -> None:
         """Messages ``offset`` ... ``offset + count - 1`` of the call failed with ``error``."""
         with self._lock:
+            self._ids()
             self._errors.update(dict.fromkeys(range(offset, offset + count), error))
             self._remaining -= count
             finished = not self._remaining
@@ -312,10 +326,11 @@ class ManyResult:
         future = self.future
         if future.done():  # cancelled by its owner: the messages were published all the same
             return
+        message_ids = self._ids()
         if self._errors:
-            future.set_exception(PublishManyError(self.message_ids, dict(sorted(self._errors.items()))))
+            future.set_exception(PublishManyError(message_ids, dict(sorted(self._errors.items()))))
         else:
-            future.set_result(self.message_ids)
+            future.set_result(message_ids)
 
 
 def resolve_segments(
@@ -328,7 +343,8 @@ def resolve_segments(
     for result, start, count, offset in segments:
         if error is None:
             assert message_ids is not None
-            result.resolved(offset, message_ids[start : start + count])
+            whole = start == 0 and count == len(message_ids)  # the batch is this run: no slice
+            result.resolved(offset, message_ids if whole else message_ids[start : start + count])
         else:
             result.failed(offset, count, error)
 

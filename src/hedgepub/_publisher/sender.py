@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -114,7 +115,7 @@ class BatchSender:
         failed_on: list[tuple[int, int] | None] = [None]
         won_on: list[tuple[int, int] | None] = [None]
 
-        async def attempt(attempt_number: int, timeout: float) -> list[str]:
+        async def attempt(attempt_number: int, timeout: float) -> Sequence[str]:
             counts.attempts += 1
             if attempt_number:
                 counts.hedges += 1

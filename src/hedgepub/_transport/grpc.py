@@ -172,9 +172,9 @@ class Transport(Protocol):
     #: connection while there is one. A transport that cannot tell leaves it true.
     ready: bool
 
-    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> Sequence[str]:
         """Publish ``request``, a serialized ``PublishRequest`` (as a batch keeps it), and return its
-        message IDs.
+        message IDs (a tuple, which the hedging engine keeps as it is, or any sequence).
 
         Raises :class:`~hedgepub.RpcError` for a status; cancelling the awaiting task cancels the RPC.
         """
@@ -581,7 +581,7 @@ class GrpcTransport(Transport):
         target = resolve_endpoint(endpoint, credentials=credentials)
         return cls(create_channel(target, credentials, root_certificates=root_certificates))
 
-    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> list[str]:
+    async def publish(self, request: bytes, metadata: Metadata, timeout: float) -> tuple[str, ...]:
         """Send one Publish RPC; a cancelled caller cancels the call on the wire too."""
         call = self._publish(request, timeout=timeout, metadata=metadata)
         try:
@@ -591,7 +591,7 @@ class GrpcTransport(Transport):
             raise
         except grpc.RpcError as error:
             raise map_rpc_error(error) from error
-        return list(response.message_ids)
+        return tuple(response.message_ids)
 
     def keep_connected(self) -> bool:
         """Connect now if the channel is not connected (idle after a drop or a long pause) and note whether
