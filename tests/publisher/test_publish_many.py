@@ -107,6 +107,9 @@ def test_empty_call_gives_no_ids(topic: str) -> None:
         ([b"ok", b"ok", ("text", {})], TypeError, "messages[2]: data must be bytes"),
         ([PubsubMessage(data=b"x", ordering_key="k")], ValueError, "messages[0]: ordering_key given"),
         ([b"x" * 11_000_000], ValueError, "messages[0]: the message is"),
+        ([b"ok", b""], ValueError, "messages[1]: the message is empty"),
+        ([b"ok", (b"", {})], ValueError, "messages[1]: the message is empty"),
+        ([b"ok", PubsubMessage()], ValueError, "messages[1]: the message is empty"),
         (b"not a list", TypeError, "messages must be a sequence of messages"),
     ],
 )
@@ -119,6 +122,83 @@ def test_bad_input_is_refused_at_once_and_nothing_is_published(
         assert text in str(caught.value)
     assert server.messages(topic) == []
     assert publisher.stats().batches_sent == 0
+
+
+def test_empty_data_with_an_attribute_is_published(server: LocalServer, topic: str) -> None:
+    with PublisherClient() as publisher:
+        ids = publisher.publish_many(topic, [b"ok", (b"", {"kind": "marker"})]).result(timeout=30)
+    stored = {m.message_id: (m.data, dict(m.attributes)) for m in server.messages(topic)}
+    assert stored == {ids[0]: (b"ok", {}), ids[1]: (b"", {"kind": "marker"})}
+
+
+def test_empty_publish_is_refused_alone_and_its_batch_mates_are_published(
+    server: LocalServer, topic: str
+) -> None:
+    """The service refuses a request holding an empty message whole: refused at the call, it cannot
+    fail the messages batched beside it."""
+    with PublisherClient() as publisher:
+        before = publisher.publish(topic, b"before")
+        with pytest.raises(ValueError, match="the message is empty"):
+            publisher.publish(topic, b"")
+        after = publisher.publish(topic, b"after")
+        ids = [before.result(timeout=30), after.result(timeout=30)]
+    assert stored_by_id(server, topic) == dict(zip(ids, [b"before", b"after"], strict=True))
+    assert publisher.stats().messages_failed == 0
+
+
+@pytest.mark.parametrize(
+    ("attributes", "ordering_key", "text"),
+    [
+        ({f"k{n}": "v" for n in range(101)}, "", "101 attributes"),
+        ({"": "v"}, "", "keys must not be empty"),
+        ({"k" * 257: "v"}, "", "257 bytes"),
+        ({"\u00e9" * 129: "v"}, "", "258 bytes"),  # 129 characters, 258 bytes in UTF-8
+        ({"k": "v" * 1025}, "", "1025 bytes"),
+        ({"googKey": "v"}, "", "starts with 'goog'"),
+        ({"GOOG_key": "v"}, "", "starts with 'goog'"),
+        ({}, "k" * 1025, "the ordering key is 1025 bytes"),
+    ],
+)
+def test_what_the_service_refuses_fails_alone(
+    server: LocalServer, topic: str, attributes: dict[str, str], ordering_key: str, text: str
+) -> None:
+    """A message the service would refuse (and with it its whole request) is refused at the call; the
+    messages batched beside it are published."""
+    with PublisherClient(enable_message_ordering=True) as publisher:
+        before = publisher.publish(topic, b"before")
+        with pytest.raises(ValueError) as caught:
+            publisher.publish(topic, b"x", ordering_key, **attributes)
+        assert text in str(caught.value)
+        with pytest.raises(ValueError) as caught_many:
+            publisher.publish_many(topic, [b"ok", (b"x", attributes)], ordering_key)
+        where = "messages[0]: " if ordering_key else "messages[1]: "  # the call's key is every message's
+        assert str(caught_many.value).startswith(where) and text in str(caught_many.value)
+        ids = [before.result(timeout=30), publisher.publish(topic, b"after").result(timeout=30)]
+    assert stored_by_id(server, topic) == dict(zip(ids, [b"before", b"after"], strict=True))
+
+
+def test_the_limits_themselves_are_published(server: LocalServer, topic: str) -> None:
+    attributes = {f"k{n}": "v" for n in range(98)}  # 100 with the two below
+    attributes["k" * 256] = "v" * 1024
+    attributes["googclient_marker"] = "the clients' own prefix"
+    with PublisherClient(enable_message_ordering=True) as publisher:
+        message_id = publisher.publish(topic, b"", "o" * 1024, **attributes).result(timeout=30)
+    (stored,) = server.messages(topic)
+    assert (stored.message_id, dict(stored.attributes), stored.ordering_key) == (
+        message_id,
+        attributes,
+        "o" * 1024,
+    )
+
+
+def test_async_empty_publish_is_refused(server: LocalServer, topic: str) -> None:
+    async def main() -> None:
+        async with AsyncPublisherClient() as publisher:
+            with pytest.raises(ValueError, match="the message is empty"):
+                await publisher.publish(topic, b"")
+            assert await publisher.publish(topic, b"x", kind="y")
+
+    asyncio.run(main())
 
 
 def test_every_message_fails_with_the_batch_error(server: LocalServer) -> None:

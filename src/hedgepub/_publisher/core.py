@@ -253,7 +253,9 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
             # below 16 KiB has a length of one or two bytes, and so has the message in the request.
             length = len(data)
             if length < 0x80:
-                size = length + 2 if length else 0
+                if not length:  # empty: the general path refuses it
+                    return slow(topic, data, ordering_key, attributes)
+                size = length + 2
             elif length < 0x3FF0:
                 size = length + 3
             else:
@@ -304,7 +306,9 @@ class _PublisherCore(CoreBulk, CoreClosing, CoreForwarding):
                 return slow(topic, data, ordering_key, attributes)
             length = len(data)  # sized and framed as in plain_publish
             if length < 0x80:
-                size = length + 2 if length else 0
+                if not length:  # empty: the general path refuses it
+                    return slow(topic, data, ordering_key, attributes)
+                size = length + 2
             elif length < 0x3FF0:
                 size = length + 3
             else:

@@ -17,6 +17,14 @@ from hedgepub._publisher.batch import field_size, request_overhead, varint_size
 from hedgepub._settings import MAX_REQUEST_BYTES
 from hedgepub._transport.grpc import PubsubMessagePb
 
+#: The service's limits on a message's attributes and ordering key (Pub/Sub's documented quotas). The
+#: service refuses a request holding one message beyond them whole, with every message batched beside it;
+#: refused at the call, that message fails alone.
+MAX_ATTRIBUTES = 100
+MAX_ATTRIBUTE_KEY_BYTES = 256
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
+MAX_ORDERING_KEY_BYTES = 1024
+
 
 class MessagePreparer:
     """Checks and sizes the messages of one publisher.
@@ -50,11 +58,22 @@ class MessagePreparer:
                     "ordering_key given but message ordering is not enabled: construct the publisher "
                     "with enable_message_ordering=True"
                 )
+            if len(ordering_key) * 4 > MAX_ORDERING_KEY_BYTES and (
+                len(ordering_key.encode("utf-8")) > MAX_ORDERING_KEY_BYTES
+            ):
+                raise ValueError(
+                    f"the ordering key is {len(ordering_key.encode('utf-8'))} bytes; the service takes at "
+                    f"most {MAX_ORDERING_KEY_BYTES}"
+                )
         stamp = self.idempotency_attribute
         if stamp is not None and stamp not in attributes:
             # Stamped once, into the request every attempt sends: hedges and retries carry the same key.
             # A key the caller set is kept, so an application that republishes keeps its key too.
             attributes[stamp] = f"{self._key_prefix}-{next(self._message_keys)}"
+        if not data and not attributes:
+            # The service refuses a request holding such a message whole, with every message batched
+            # beside it: refused here, it fails alone.
+            raise ValueError("the message is empty: a message needs non-empty data or at least one attribute")
         if attributes or ordering_key:
             message = PubsubMessagePb(
                 data=data, attributes=check_attributes(attributes), ordering_key=ordering_key
@@ -94,7 +113,7 @@ class MessagePreparer:
         items = messages if isinstance(messages, list) else list(messages)
         if not ordering_key and self.idempotency_attribute is None and set(map(type, items)) <= {bytes}:
             lengths = set(map(len, items))
-            if not lengths or max(lengths) < _SHORT:
+            if not lengths or (0 not in lengths and max(lengths) < _SHORT):  # an empty one: checked below
                 if len(lengths) <= 1:
                     return ManyMessages(
                         items, _framed_plain(lengths.pop() if lengths else 0), None, None, False
@@ -197,26 +216,51 @@ def _framed_plain(length: int) -> int:
 
 
 def check_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
-    """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does."""
-    for name, value in attributes.items():
-        if type(value) is str:
-            continue
-        if isinstance(value, str):
-            continue
-        if isinstance(value, (bytes, bytearray)):
-            try:
-                attributes[name] = bytes(value).decode("utf-8")
-                continue
-            except UnicodeDecodeError:
-                pass
-        if name in ("retry", "timeout"):
-            raise TypeError(
-                f"publish(..., {name}=...) per message is the official client's argument; hedgepub sets it "
-                "for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
-                "publisher_options=...) to PublisherClient instead"
-            )
-        raise TypeError(
-            f"attribute {name!r} must be a str (text); got {type(value).__name__}. "
-            "All attributes published to Pub/Sub must be text strings."
+    """Attribute values must be text; UTF-8 ``bytes`` are decoded, as the official client does. Keys and
+    values are held to the service's limits (:data:`MAX_ATTRIBUTES` and the sizes), and a key must not
+    start with ``goog`` in any case (the service's own), except ``googclient_`` (the clients' own)."""
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise ValueError(
+            f"a message has {len(attributes)} attributes; the service takes at most {MAX_ATTRIBUTES}"
         )
+    for name, value in attributes.items():
+        if type(value) is not str and not isinstance(value, str):
+            if isinstance(value, (bytes, bytearray)):
+                try:
+                    value = attributes[name] = bytes(value).decode("utf-8")
+                except UnicodeDecodeError:
+                    value = None
+            if value is None or not isinstance(value, str):
+                if name in ("retry", "timeout"):
+                    raise TypeError(
+                        f"publish(..., {name}=...) per message is the official client's argument; hedgepub "
+                        "sets it for the whole client: pass retry_settings=hedgepub.RetrySettings(...) (or "
+                        "publisher_options=...) to PublisherClient instead"
+                    )
+                raise TypeError(
+                    f"attribute {name!r} must be a str (text); got {type(attributes[name]).__name__}. "
+                    "All attributes published to Pub/Sub must be text strings."
+                )
+        if not isinstance(name, str):
+            raise TypeError(f"attribute keys must be str; got {type(name).__name__}")
+        if not name:
+            raise ValueError("attribute keys must not be empty")
+        # A character is at most 4 bytes in UTF-8: most keys and values need no encoding to be measured.
+        if len(name) * 4 > MAX_ATTRIBUTE_KEY_BYTES and len(name.encode("utf-8")) > MAX_ATTRIBUTE_KEY_BYTES:
+            raise ValueError(
+                f"attribute key {name[:40]!r}... is {len(name.encode('utf-8'))} bytes; the service takes at "
+                f"most {MAX_ATTRIBUTE_KEY_BYTES}"
+            )
+        if (
+            len(value) * 4 > MAX_ATTRIBUTE_VALUE_BYTES
+            and len(value.encode("utf-8")) > MAX_ATTRIBUTE_VALUE_BYTES
+        ):
+            raise ValueError(
+                f"attribute {name!r} is {len(value.encode('utf-8'))} bytes; the service takes values of at "
+                f"most {MAX_ATTRIBUTE_VALUE_BYTES}"
+            )
+        if name[:4].lower() == "goog" and not name.startswith("googclient_"):
+            raise ValueError(
+                f"attribute key {name!r} starts with 'goog': the service keeps such keys for itself"
+            )
     return attributes
