@@ -8,6 +8,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,20 +195,62 @@ def test_the_bench_against_googles_emulator(tmp_path: Path, closed_port: int) ->
         process.wait(30)
 
 
+#: ``hedgepub`` run so that SIGUSR1 prints every thread's stack (what a test shows when the bench hangs).
+DUMPABLE_CLI = [
+    sys.executable,
+    "-c",
+    "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+    "from hedgepub.cli import main; main()",
+]
+
+
+def _interrupt_after(process: subprocess.Popen[bytes], line: str, after: float, timeout: float) -> bytes:
+    """Send SIGINT ``after`` seconds after ``process`` printed a line starting with ``line``; return all
+    it printed.
+
+    Fails the test, with every thread's stack, when ``line`` does not come within ``timeout`` s or the
+    process has not ended ``timeout`` s after the signal.
+    """
+    chunks: list[bytes] = []
+    seen = threading.Event()
+    stdout = process.stdout
+    assert stdout is not None
+
+    def pump() -> None:
+        for chunk in iter(stdout.readline, b""):
+            chunks.append(chunk)
+            if chunk.decode(errors="replace").startswith(line):
+                seen.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        if not seen.wait(timeout):
+            raise AssertionError(f"no {line!r} line within {timeout:g} s")
+        time.sleep(after)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout)
+    except (AssertionError, subprocess.TimeoutExpired) as error:
+        process.send_signal(signal.SIGUSR1)  # the stacks go to stderr, which is stdout here
+        time.sleep(1)  # for the dump to reach the pipe; the process is killed next
+        process.kill()
+        process.wait()
+        reader.join(5)
+        pytest.fail(f"{error}; the bench printed:\n{b''.join(chunks).decode(errors='replace')}")
+    reader.join(10)
+    return b"".join(chunks)
+
+
 def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
     out = tmp_path / "partial"
     process = subprocess.Popen(
-        [*CLI, "bench", "--messages", "100000", "--rate", "50", "--warmup", "0", "--mix", "100%:1ms",
-         "--hedge-delay", "0.1", "--out", str(out)],
+        [*DUMPABLE_CLI, "bench", "--messages", "100000", "--rate", "50", "--warmup", "0", "--mix",
+         "100%:1ms", "--hedge-delay", "0.1", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
-    try:
-        time.sleep(8)  # the server starts and a few seconds of publishes are measured
-        process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    # the measured period has begun (a log says so, line by line); Ctrl-C comes a second into it, after
+    # about 50 publishes per publisher
+    output = _interrupt_after(process, "publishing ...", after=1.0, timeout=60)
     text = _words(output.decode())
     assert process.returncode == 130, text
     assert "interrupted" in text and "partial results" in text and "Aborted!" not in text
@@ -215,3 +259,23 @@ def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
     published = document["results"]["unhedged"]["published"]
     assert 0 < published < 100000
     assert (out / "tail-latency.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("hedgepub bench:", "nothing was measured"),  # while its server and publishers are set up
+        ("warm-up ...", "nothing was measured"),  # before the measured period
+        ("publishing ...", "partial results"),  # at its very start
+    ],
+)
+def test_ctrl_c_at_any_phase_exits_130_saying_what_was_measured(tmp_path: Path, line: str, said: str) -> None:
+    out = tmp_path / "early"
+    process = subprocess.Popen(
+        [*DUMPABLE_CLI, "bench", "--messages", "1000", "--rate", "50", "--warmup", "1", "--mix",
+         "100%:1ms", "--hedge-delay", "0.1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    text = _words(_interrupt_after(process, line, after=0.0, timeout=60).decode())
+    assert process.returncode == 130, text
+    assert said in text and "Aborted!" not in text and "Traceback" not in text

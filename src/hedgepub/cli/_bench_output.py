@@ -68,9 +68,14 @@ def network_text(config: BenchConfig, harness: str, why: str | None) -> str:
 
 
 class ProgressBar:
-    """Shows the experiment's phases as rich progress bars, one line per phase."""
+    """Shows the experiment's phases as rich progress bars, one line per phase.
+
+    Where the console is not a terminal (a log, a pipe) the bars are drawn once, at the end; each phase
+    is then also announced by a plain line when it starts, so that a log shows how far a run got.
+    """
 
     def __init__(self, console: Console) -> None:
+        self._console = console
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("[progress.description]{task.description}"),
@@ -115,6 +120,8 @@ class ProgressBar:
     def phase(self, description: str, total: int | None) -> None:
         """Start a new bar for the next phase."""
         self._finish_task()
+        if not self._console.is_terminal:
+            self._console.print(f"{description} ...", markup=False, highlight=False)
         self._task = self._progress.add_task(description, total=total)
 
     def advance(self, steps: int = 1) -> None:
@@ -143,6 +150,9 @@ def run_with_progress(console: Console, start: Callable[[ProgressBar], Any]) -> 
                 progress.interrupted()
     except BenchInterrupted as error:
         console.print(f"[yellow]{error}[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt:  # Ctrl-C while the bench's servers or publishers were being set up
+        console.print("[yellow]interrupted during the set-up: nothing was measured[/]")
         sys.exit(EXIT_INTERRUPTED)
     except RpcError as error:
         if error.code is StatusCode.UNAVAILABLE:
