@@ -241,13 +241,18 @@ def _interrupt_after(process: subprocess.Popen[bytes], line: str, after: float, 
     return b"".join(chunks)
 
 
-def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
-    out = tmp_path / "partial"
-    process = subprocess.Popen(
-        [*DUMPABLE_CLI, "bench", "--messages", "100000", "--rate", "50", "--warmup", "0", "--mix",
-         "100%:1ms", "--hedge-delay", "0.1", "--out", str(out)],
+def _start_bench(out: Path, *, messages: int, warmup: int) -> subprocess.Popen[bytes]:
+    """``hedgepub bench`` at 50 publishes/s of 1 ms each, writing to ``out``, its output on one pipe."""
+    return subprocess.Popen(
+        [*DUMPABLE_CLI, "bench", "--messages", str(messages), "--rate", "50", "--warmup", str(warmup),
+         "--mix", "100%:1ms", "--hedge-delay", "0.1", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
+
+
+def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
+    out = tmp_path / "partial"
+    process = _start_bench(out, messages=100000, warmup=0)
     # the measured period has begun (a log says so, line by line); Ctrl-C comes a second into it, after
     # about 50 publishes per publisher
     output = _interrupt_after(process, "publishing ...", after=1.0, timeout=60)
@@ -271,11 +276,7 @@ def test_ctrl_c_writes_the_partial_results(tmp_path: Path) -> None:
 )
 def test_ctrl_c_at_any_phase_exits_130_saying_what_was_measured(tmp_path: Path, line: str, said: str) -> None:
     out = tmp_path / "early"
-    process = subprocess.Popen(
-        [*DUMPABLE_CLI, "bench", "--messages", "1000", "--rate", "50", "--warmup", "1", "--mix",
-         "100%:1ms", "--hedge-delay", "0.1", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
-    )  # fmt: skip
+    process = _start_bench(out, messages=1000, warmup=1)
     text = _words(_interrupt_after(process, line, after=0.0, timeout=60).decode())
     assert process.returncode == 130, text
     assert said in text and "Aborted!" not in text and "Traceback" not in text
