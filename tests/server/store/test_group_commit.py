@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import Awaitable
 from pathlib import Path
+
+import pytest
 
 from hedgepub.server._store import group_commit
 from hedgepub.server._store.group_commit import ON_THREAD, GroupCommitWriter
@@ -47,6 +50,53 @@ async def test_a_steps_writes_commit_together_on_the_loop(tmp_path: Path) -> Non
         assert writer.loop_commits == 1
         assert _values(tmp_path / "db") == [str(index) for index in range(100)]
     finally:
+        await writer.close()
+
+
+async def _after_steps(steps: int, write: Awaitable[None]) -> None:
+    """``write``, awaited after ``steps`` turns of the loop (so it is made in a later step)."""
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    await write
+
+
+async def test_writes_of_the_steps_that_follow_join_a_commit_waiting_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While other callbacks are ready, a step's commit waits for them: writes made in the steps that
+    follow fold into it; once nothing else is ready it commits, however long it may still wait."""
+    monkeypatch.setattr(group_commit, "_LINGER_SECONDS", 3600.0)
+    writer = GroupCommitWriter(lambda: _connect(tmp_path / "db"), on_loop=True)
+    try:
+        await asyncio.gather(*(_after_steps(steps, writer.write(_insert(str(steps)))) for steps in range(6)))
+        assert writer.commits == 1
+        assert writer.loop_commits == 1
+        assert _values(tmp_path / "db") == [str(steps) for steps in range(6)]
+    finally:
+        await writer.close()
+
+
+async def test_a_commit_waits_for_a_loop_that_stays_busy_only_so_long(tmp_path: Path) -> None:
+    """A loop that always has another callback ready (here one that schedules itself again) does not
+    keep a write from committing: the commit waits at most _LINGER_SECONDS."""
+    writer = GroupCommitWriter(lambda: _connect(tmp_path / "db"), on_loop=True)
+    loop = asyncio.get_running_loop()
+    spinning = True
+    spins = 0
+
+    def spin() -> None:
+        nonlocal spins
+        spins += 1
+        if spinning:
+            loop.call_soon(spin)
+
+    loop.call_soon(spin)
+    try:
+        await writer.write(_insert("while busy"))
+        assert spins > 1  # the loop was busy all along
+        assert _values(tmp_path / "db") == ["while busy"]
+    finally:
+        spinning = False
         await writer.close()
 
 

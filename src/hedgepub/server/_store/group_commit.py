@@ -16,6 +16,13 @@ checkpoints (which fsync; with commits on the loop, SQLite's automatic checkpoin
 runs one after :data:`_CHECKPOINT_COMMITS` commits or :data:`_CHECKPOINT_BYTES` bytes written on the loop),
 commits under ``synchronous=FULL`` or ``EXTRA``, large commits, and giving freed pages back. One operation
 that fails does not fail the others folded with it: they are retried each in a transaction of its own.
+
+Why a step's commit waits while other callbacks are ready (for at most :data:`_LINGER_SECONDS`): with a
+few Publish calls in flight, a loop step rarely holds more than one of them, and a transaction of one
+10 KB batch writes about 7 pages to the WAL (the body's three, and the tables' leaves, the page map and
+the header, which every transaction writes again), four in one transaction about 4 each, at two thirds
+of the time per batch. The callbacks ready beside a commit are often the next calls' handlers, whose
+writes then join it; a loop with nothing else ready commits at once, so a lone write waits for nothing.
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ _CHECKPOINT_BYTES = 16 * 1024 * 1024
 
 #: Most operations folded into one transaction, so one commit never grows without bound.
 _MAX_GROUP = 512
+#: How long a loop's commit may wait for the callbacks ready to run beside it (see the module's docstring).
+_LINGER_SECONDS = 0.001
 #: Free pages are given back to the file system (incremental vacuum) once they are this share of the file
 #: and at least ``_VACUUM_MIN_PAGES``; below that SQLite reuses them for new rows, which is cheaper.
 _VACUUM_SHARE = 0.25
@@ -151,14 +160,24 @@ class GroupCommitWriter:
         # Shielded: a cancelled caller must not make us forget whether its write committed.
         await asyncio.shield(future)
 
-    def _commit_step(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _commit_step(self, loop: asyncio.AbstractEventLoop, since: float = 0.0) -> None:
         """At the end of a loop step: commit its writes here if the writer thread holds nothing and they
-        are small, else hand them to the thread (see the module's docstring)."""
-        step = self._steps.pop(loop, None)
+        are small, else hand them to the thread (see the module's docstring). While other callbacks are
+        ready to run, the commit waits for them (at most :data:`_LINGER_SECONDS` since it first could
+        have run, see the module's docstring), so that the writes they make are folded into it."""
+        step = self._steps.get(loop)
         if step is None:
             return  # close() handed them to the thread already
         items, sizes = step
         size = sum(sizes)
+        if len(items) < _MAX_GROUP and size < _INLINE_MAX_BYTES and _others_ready(loop):
+            now = loop.time()
+            if not since:
+                since = now
+            if now - since < _LINGER_SECONDS:
+                loop.call_soon(self._commit_step, loop, since)
+                return
+        del self._steps[loop]
         here = False
         if size <= _INLINE_MAX_BYTES and not self._closed:
             with self._counting:
@@ -303,6 +322,12 @@ class GroupCommitWriter:
         assert thread is not None
         self._queue.put(None)
         await asyncio.get_running_loop().run_in_executor(None, thread.join)
+
+
+def _others_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether other callbacks are ready to run on ``loop`` (asyncio's own loops keep them in ``_ready``;
+    a loop without that attribute is taken to have none, so its commits never wait)."""
+    return bool(getattr(loop, "_ready", None))
 
 
 def _checkpoint(connection: sqlite3.Connection) -> None:
