@@ -160,7 +160,7 @@ class GroupCommitWriter:
         # Shielded: a cancelled caller must not make us forget whether its write committed.
         await asyncio.shield(future)
 
-    def _commit_step(self, loop: asyncio.AbstractEventLoop, since: float = 0.0) -> None:
+    def _commit_step(self, loop: asyncio.AbstractEventLoop, since: float | None = None) -> None:
         """At the end of a loop step: commit its writes here if the writer thread holds nothing and they
         are small, else hand them to the thread (see the module's docstring). While other callbacks are
         ready to run, the commit waits for them (at most :data:`_LINGER_SECONDS` since it first could
@@ -172,7 +172,7 @@ class GroupCommitWriter:
         size = sum(sizes)
         if len(items) < _MAX_GROUP and size < _INLINE_MAX_BYTES and _others_ready(loop):
             now = loop.time()
-            if not since:
+            if since is None:
                 since = now
             if now - since < _LINGER_SECONDS:
                 loop.call_soon(self._commit_step, loop, since)
