@@ -212,9 +212,12 @@ def _publish_call(channel: grpc.Channel) -> Any:
 
 
 def _fill(path: Path) -> None:
-    """Write ``path`` until the file system has no space left."""
+    """Write ``path`` until the file system has no space left.
+
+    Unbuffered: a buffered file keeps what its failed write could not store and, closing, tries to write
+    it again, which raises ENOSPC a second time (out of the ``with``, when the space ran out mid-chunk)."""
     chunk = b"\0" * 65536
-    with open(path, "wb") as ballast:
+    with open(path, "wb", buffering=0) as ballast:
         try:
             while True:
                 ballast.write(chunk)
