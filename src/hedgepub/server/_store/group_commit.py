@@ -19,7 +19,7 @@ that fails does not fail the others folded with it: they are retried each in a t
 
 Why a step's commit waits while other callbacks are ready (for at most :data:`_LINGER_SECONDS`): with a
 few Publish calls in flight, a loop step rarely holds more than one of them, and a transaction of one
-10 KB batch writes about 7 pages to the WAL (the body's three, and the tables' leaves, the page map and
+10 KB batch writes 7 to 8 pages to the WAL (the body's three, and the tables' leaves, the page map and
 the header, which every transaction writes again), four in one transaction about 4 each, at two thirds
 of the time per batch. The callbacks ready beside a commit are often the next calls' handlers, whose
 writes then join it; a loop with nothing else ready commits at once, so a lone write waits for nothing.
